@@ -1,0 +1,53 @@
+"""Paged KV-cache sizing, prefix caching and the compaction trigger of flex vLLM instances."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from policy.base import Duration, Fraction, Invariants, StrictModel
+
+KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+"""Values of vLLM's ``--kv-cache-dtype`` that gpupool accepts."""
+
+
+class KvCache(StrictModel):
+    """KV cache of every flex vLLM instance; vLLM sizes pages in tokens, gpupool in bytes."""
+
+    page_bytes_target: int = Field(4096, ge=256, le=16 * 1024 * 1024)
+    """Target bytes of one KV page per layer; translated to the nearest block size in tokens
+    that the attention backend supports (``gpupool vllm-args`` shows the translation)."""
+    max_gpu_memory_share: Fraction = 0.75
+    """Most of a GPU's memory the KV cache may take, leaving headroom for bursts (brief: 75 %)."""
+    activation_reserve_share: Fraction = 0.08
+    """Share of GPU memory kept for activations, CUDA graphs and the allocator's slack."""
+    page_table_max_usage: Fraction = 0.80
+    """KV block usage above which an instance counts as full (brief: page table max 80 %)."""
+    prefix_caching: bool = True
+    """vLLM automatic prefix caching (``--enable-prefix-caching``)."""
+    cache_dtype: KvCacheDtype = "auto"
+    """vLLM ``--kv-cache-dtype``; ``auto`` follows the model dtype."""
+    compaction_usage_below: Fraction = 0.50
+    """Compact (then shrink) when KV block usage stays below this share."""
+    compaction_min_interval: Duration = "5m"
+    """Shortest time between two compactions of one instance (Prometheus duration)."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> KvCache:
+        found = Invariants()
+        found.require(
+            self.max_gpu_memory_share + self.activation_reserve_share < 1.0,
+            "max_gpu_memory_share",
+            f"max_gpu_memory_share ({self.max_gpu_memory_share}) + activation_reserve_share "
+            f"({self.activation_reserve_share}) must stay below 1: the weights need the rest",
+        )
+        found.require(
+            self.compaction_usage_below < self.page_table_max_usage,
+            "compaction_usage_below",
+            f"compaction_usage_below ({self.compaction_usage_below}) must be below "
+            f"page_table_max_usage ({self.page_table_max_usage}); a full cache is not "
+            "worth compacting",
+        )
+        found.raise_if_any()
+        return self

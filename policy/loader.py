@@ -1,0 +1,118 @@
+"""Edge: read pool.yaml, validate it, and report every problem as ``FILE:LINE: path: message``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError
+
+from policy.base import InvariantViolation
+from policy.pool import PoolPolicy
+
+DEFAULT_POLICY = Path(__file__).with_name("pool.yaml")
+"""The reviewed default policy shipped with the package."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a policy file, located as precisely as the YAML allows."""
+
+    file: str
+    line: int
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}: " if self.path else ""
+        return f"{self.file}:{self.line}: {where}{self.message}"
+
+
+class PolicyError(Exception):
+    """A policy file that cannot be used; ``problems`` lists every reason."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+def read_yaml(path: Path) -> Any:
+    """Round-trip YAML (keeps line numbers and comments); raises PolicyError on bad YAML."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PolicyError([Problem(str(path), 0, "", "file not found")]) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise PolicyError([Problem(str(path), 0, "", f"cannot read file: {exc}")]) from None
+    try:
+        return YAML(typ="rt").load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 0
+        what = " ".join(str(x) for x in (exc.context, exc.problem) if x)
+        raise PolicyError([Problem(str(path), line, "", f"invalid YAML: {what}")]) from None
+
+
+def parse_policy(document: Any, source: str = "<policy>") -> PoolPolicy:
+    """Validate an already-parsed document; errors point at lines when it came from ruamel."""
+    if not isinstance(document, dict):
+        found = "an empty file" if document is None else type(document).__name__
+        raise PolicyError([Problem(source, 1, "", f"expected a mapping at the top, found {found}")])
+    try:
+        return PoolPolicy.model_validate(document)
+    except ValidationError as exc:
+        raise PolicyError(_problems(exc, document, source)) from None
+
+
+def load_policy(path: Path = DEFAULT_POLICY) -> PoolPolicy:
+    """Read and validate a policy file; raises PolicyError listing every problem."""
+    return parse_policy(read_yaml(path), str(path))
+
+
+def _problems(exc: ValidationError, document: Any, source: str) -> list[Problem]:
+    problems: list[Problem] = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, InvariantViolation):
+            for rel_path, message in cause.violations:
+                full = [*loc, *rel_path.split(".")]
+                problems.append(
+                    Problem(source, _line_of(document, full), ".".join(full), message)
+                )
+            continue
+        message = _describe(error)
+        problems.append(Problem(source, _line_of(document, loc), ".".join(loc), message))
+    return sorted(problems, key=lambda p: (p.line, p.path))
+
+
+def _describe(error: Any) -> str:
+    kind = error["type"]
+    found = error.get("input")
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        return "unknown field (check the spelling; see `gpupool schema` for the allowed fields)"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if isinstance(found, dict | list):
+        return f"{message}, found a {'mapping' if isinstance(found, dict) else 'list'}"
+    return f"{message}, found {found!r}"
+
+
+def _line_of(document: Any, loc: list[str]) -> int:
+    """1-based line of the deepest node of ``loc`` present in the ruamel document."""
+    node, line = document, 1
+    for part in loc:
+        if isinstance(node, CommentedMap) and part in node:
+            line = node.lc.key(part)[0] + 1
+            node = node[part]
+        elif isinstance(node, CommentedSeq) and part.isdigit() and int(part) < len(node):
+            line = node.lc.item(int(part))[0] + 1
+            node = node[int(part)]
+        else:
+            break
+    return line

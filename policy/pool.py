@@ -1,0 +1,108 @@
+"""The root policy: every section plus the rules that span sections."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from policy.alerting import Alerting
+from policy.base import DnsLabel, Invariants, StrictModel
+from policy.disruption import Disruption
+from policy.elastic import Autoscaling, ElasticThresholds
+from policy.kvcache import KvCache
+from policy.nodepools import NodePool
+from policy.priorities import Priorities
+from policy.workloads import FlexWorkload
+
+
+class Cluster(StrictModel):
+    """Names that tie the bundle to one cluster."""
+
+    name: DnsLabel
+    """Cluster name; a label on every alert so multi-cluster Alertmanagers can tell them apart."""
+    flex_namespace: DnsLabel = "gpupool-flex"
+    """Namespace of the flex vLLM workloads."""
+    system_namespace: DnsLabel = "gpupool-system"
+    """Namespace of the tuner, the compaction worker and the monitoring objects."""
+    pool_label: str = "gpupool.io/pool"
+    """Node label (and taint key) whose value is the node pool's name."""
+
+
+class PoolPolicy(StrictModel):
+    """gpupool's single source of truth; every manifest, rule and argument is derived from it."""
+
+    cluster: Cluster
+    """Cluster identity and namespaces."""
+    node_pools: list[NodePool] = Field(min_length=2)
+    """Exactly one ``prod`` pool and at least one ``flex`` pool."""
+    priorities: Priorities = Priorities()
+    """The three PriorityClasses."""
+    elastic: ElasticThresholds = ElasticThresholds()
+    """Grow / shed band on cluster GPU utilization."""
+    autoscaling: Autoscaling = Autoscaling()
+    """HPA behaviour of flex workloads."""
+    disruption: Disruption = Disruption()
+    """PDB, spreading and the termination budget of flex pods."""
+    kv_cache: KvCache = KvCache()
+    """Paged KV cache of flex vLLM instances."""
+    alerting: Alerting
+    """Alert thresholds and Alertmanager routing."""
+    workloads: list[FlexWorkload] = Field(default_factory=list)
+    """Flex inference workloads."""
+
+    @property
+    def prod_pool(self) -> NodePool:
+        """The guaranteed pool (validation ensures there is exactly one)."""
+        return next(p for p in self.node_pools if p.role == "prod")
+
+    @property
+    def flex_pools(self) -> list[NodePool]:
+        """The elastic pools flex workloads may use."""
+        return [p for p in self.node_pools if p.role == "flex"]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PoolPolicy:
+        found = Invariants()
+        names = [p.name for p in self.node_pools]
+        roles = [p.role for p in self.node_pools]
+        found.require(
+            roles.count("prod") == 1,
+            "node_pools",
+            f"expected exactly one pool with role prod, found {roles.count('prod')}",
+        )
+        found.require(
+            roles.count("flex") >= 1, "node_pools", "expected at least one pool with role flex"
+        )
+        for i, name in enumerate(names):
+            found.require(
+                name not in names[:i], f"node_pools.{i}.name", f"pool name {name!r} is repeated"
+            )
+        for i, pool in enumerate(self.node_pools):
+            pool.check(f"node_pools.{i}", found)
+        flex_names = {p.name for p in self.node_pools if p.role == "flex"}
+        seen: set[str] = set()
+        for i, w in enumerate(self.workloads):
+            at = f"workloads.{i}"
+            found.require(w.name not in seen, f"{at}.name", f"workload name {w.name!r} is repeated")
+            seen.add(w.name)
+            found.require(
+                w.pool in flex_names,
+                f"{at}.pool",
+                f"workload {w.name!r} names pool {w.pool!r}, which is not a flex pool "
+                f"(flex pools: {sorted(flex_names)})",
+            )
+            found.require(
+                self.disruption.pdb_min_available < w.max_replicas,
+                f"{at}.max_replicas",
+                f"workloads[{w.name}].max_replicas ({w.max_replicas}) <= "
+                f"disruption.pdb_min_available ({self.disruption.pdb_min_available}): the PDB "
+                "could never allow an eviction; lower pdb_min_available or raise max_replicas",
+            )
+            pool = next((p for p in self.node_pools if p.name == w.pool), None)
+            found.require(
+                pool is None or w.gpus_per_replica <= pool.gpus_per_node,
+                f"{at}.gpus_per_replica",
+                f"workload {w.name!r} needs {w.gpus_per_replica} GPUs per replica but nodes of "
+                f"pool {w.pool!r} have {pool.gpus_per_node if pool else '?'}",
+            )
+        found.raise_if_any()
+        return self

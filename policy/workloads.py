@@ -1,0 +1,70 @@
+"""Flex inference workloads: the vLLM deployments that run on idle GPUs."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from policy.base import DnsLabel, Invariants, Quantity, StrictModel
+
+
+class SnapshotVolume(StrictModel):
+    """Persistent volume that keeps KV-cache snapshots across evictions."""
+
+    size: Quantity = "100Gi"
+    """PersistentVolumeClaim request."""
+    storage_class: str = Field(min_length=1)
+    """StorageClass; cluster-specific, so pool.yaml must name one (``kubectl get sc``)."""
+    access_mode: str = "ReadWriteMany"
+    """``ReadWriteMany`` lets a rescheduled replica on another node read the snapshot."""
+
+
+class Resources(StrictModel):
+    """CPU and memory of the vLLM container (GPUs come from ``gpus_per_replica``)."""
+
+    cpu: Quantity = "8"
+    """CPU request and limit."""
+    memory: Quantity = "64Gi"
+    """Memory request and limit (host RAM; KV lives in GPU memory)."""
+
+
+class FlexWorkload(StrictModel):
+    """One vLLM deployment on the flex pool."""
+
+    name: DnsLabel
+    """Deployment, Service, PDB and HPA name."""
+    model: str = Field(min_length=1)
+    """Model served (Hugging Face id or path inside the image / volume)."""
+    hf_config: str = Field(min_length=1)
+    """Hugging Face ``config.json`` of the model, relative to the policy file; sizes the KV."""
+    image: str = "vllm/vllm-openai:v0.32.0"
+    """Container image; gpupool targets the vLLM 0.32 API."""
+    pool: DnsLabel = "gpu-flex"
+    """Flex node pool the replicas run on."""
+    gpus_per_replica: int = Field(1, ge=1, le=16)
+    """``nvidia.com/gpu`` per replica; also vLLM's tensor-parallel size."""
+    min_replicas: int = Field(1, ge=0)
+    """HPA lower bound (0 needs the HPAScaleToZero feature gate; not supported)."""
+    max_replicas: int = Field(4, ge=1)
+    """HPA upper bound."""
+    port: int = Field(8000, ge=1024, le=65535)
+    """vLLM OpenAI server port."""
+    max_model_len: int = Field(8192, ge=16)
+    """``--max-model-len``: longest prompt + output in tokens."""
+    max_num_seqs: int = Field(128, ge=1)
+    """``--max-num-seqs``: most sequences scheduled at once."""
+    resources: Resources = Resources()
+    """Container CPU and memory."""
+    snapshot_volume: SnapshotVolume
+    """KV snapshot volume (cluster-specific storage class)."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> FlexWorkload:
+        found = Invariants()
+        found.require(
+            1 <= self.min_replicas <= self.max_replicas,
+            "min_replicas",
+            f"min_replicas ({self.min_replicas}) must be between 1 and max_replicas "
+            f"({self.max_replicas})",
+        )
+        found.raise_if_any()
+        return self

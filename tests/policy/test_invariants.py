@@ -1,0 +1,118 @@
+"""Each cross-field rule is a validation error naming the fields, the values and the line."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from policy import DEFAULT_POLICY, PolicyError, load_policy
+
+yaml = YAML(typ="rt")
+
+
+def _default() -> Any:
+    return yaml.load(DEFAULT_POLICY.read_text())
+
+
+def _write(doc: Any, tmp_path: Path) -> Path:
+    out = tmp_path / "pool.yaml"
+    with out.open("w") as fh:
+        yaml.dump(doc, fh)
+    return out
+
+
+def _edit(doc: Any, path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    node = doc
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]
+    if last.isdigit():
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+CASES = [
+    ("elastic.shed_above", 0.30, "elastic.scale_up_below", ["0.35", "0.3", "shed_above"]),
+    ("disruption.termination_grace_s", 35, "disruption.termination_grace_s", ["35", "= 40"]),
+    ("disruption.termination_grace_s", 20, "disruption.termination_grace_s", ["30"]),
+    ("priorities.training.value", 2000000, "priorities.production.value", ["1000000", "2000000"]),
+    ("priorities.training.value", -5, "priorities.training.value", ["-5", "above 0"]),
+    ("priorities.idle_inference.value", 0, "priorities.idle_inference.value", ["below 0"]),
+    ("kv_cache.max_gpu_memory_share", 0.95, "kv_cache.max_gpu_memory_share", ["0.95", "0.08"]),
+    ("disruption.pdb_min_available", 8, "workloads.0.max_replicas", ["(8)", "pdb_min_available"]),
+    ("workloads.0.pool", "gpu-prod", "workloads.0.pool", ["gpu-prod", "not a flex pool"]),
+    ("workloads.0.min_replicas", 9, "workloads.0.min_replicas", ["(9)", "(8)"]),
+    ("workloads.0.gpus_per_replica", 16, "workloads.0.gpus_per_replica", ["16", "8"]),
+    ("node_pools.1.role", "prod", "node_pools", ["exactly one", "found 2"]),
+    ("node_pools.1.name", "gpu-prod", "node_pools.1.name", ["repeated"]),
+    ("autoscaling.scale_down_stabilization_s", 60, "autoscaling.scale_down_stabilization_s",
+     ["60", "180"]),
+    ("alerting.routing.by_severity.critical", "nobody", "alerting.routing.by_severity.critical",
+     ["nobody"]),
+    ("kv_cache.compaction_usage_below", 0.9, "kv_cache.compaction_usage_below", ["0.9", "0.8"]),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "reported_path", "words"), CASES)
+def test_invariant_rejected_precisely(
+    tmp_path: Path, field: str, value: Any, reported_path: str, words: list[str]
+) -> None:
+    doc = _default()
+    _edit(doc, field, value)
+    source = _write(doc, tmp_path)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(source)
+    problems = [p for p in caught.value.problems if p.path == reported_path]
+    assert problems, f"no problem at {reported_path}: {caught.value}"
+    text = problems[0].message
+    for word in words:
+        assert word in text, text
+    lines = source.read_text().splitlines()
+    key = reported_path.split(".")[-1]
+    if not key.isdigit():
+        assert key in lines[problems[0].line - 1] or problems[0].line == 1 or "-" in lines[
+            problems[0].line - 1
+        ], (problems[0].line, lines[problems[0].line - 1])
+
+
+def test_every_problem_reported_at_once(tmp_path: Path) -> None:
+    doc = _default()
+    _edit(doc, "elastic.shed_above", 0.2)
+    _edit(doc, "disruption.termination_grace_s", 31)
+    _edit(doc, "kv_cache.bogus", 1)
+    _edit(doc, "workloads.0.max_replicas", "many")
+    with pytest.raises(PolicyError) as caught:
+        load_policy(_write(doc, tmp_path))
+    paths = {p.path for p in caught.value.problems}
+    assert {
+        "elastic.scale_up_below",
+        "disruption.termination_grace_s",
+        "kv_cache.bogus",
+        "workloads.0.max_replicas",
+    } <= paths
+
+
+def test_line_numbers_point_at_the_key(tmp_path: Path) -> None:
+    doc = _default()
+    _edit(doc, "disruption.drain_s", "slow")
+    source = _write(doc, tmp_path)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(source)
+    (problem,) = caught.value.problems
+    line = source.read_text().splitlines()[problem.line - 1]
+    assert line.strip().startswith("drain_s:")
+    assert "'slow'" in problem.message
+    assert str(problem).startswith(f"{source}:{problem.line}: disruption.drain_s: ")
+
+
+def test_model_is_frozen() -> None:
+    policy = load_policy()
+    with pytest.raises(Exception, match="frozen"):
+        policy.elastic.shed_above = 0.9  # type: ignore[misc]
+    clone = copy.deepcopy(policy)
+    assert clone == policy
