@@ -43,6 +43,8 @@ class NodePool(StrictModel):
     """GPU product as dcgm/GPU feature discovery reports it (``nvidia.com/gpu.product``)."""
     gpus_per_node: int = Field(8, ge=1, le=64)
     """GPUs on each node of the pool."""
+    gpu_memory_gib: float = Field(gt=0, le=1024)
+    """Memory of one GPU in GiB as the driver reports it (H200: 140, H100: 79.6); sizes the KV."""
     max_nodes: int = Field(ge=1)
     """Upper bound on nodes; sets the Karpenter limit and the pool's GPU capacity."""
     reserve_ratio: Fraction = 0.0
