@@ -13,8 +13,8 @@ from typing import cast
 
 import pulumi
 
-from infra.bundle import INFERENCE_WORKLOAD, ObjectGroup, build_groups
 from infra.builders.nodepools import TARGETS, Target
+from infra.bundle import INFERENCE_WORKLOAD, ObjectGroup, build_groups
 from infra.inputs import load_inputs
 from infra.resources import declare, logical_name
 

@@ -1,7 +1,8 @@
 """Edge: any Kubernetes object dict -> the matching typed pulumi_kubernetes resource.
 
 Built-in kinds map by convention: group ``""`` -> ``core``, ``apps`` -> ``apps``,
-``rbac.authorization.k8s.io`` -> ``rbac``; the class is ``pulumi_kubernetes.<group>.<version>.<Kind>``.
+``rbac.authorization.k8s.io`` -> ``rbac``; the class is
+``pulumi_kubernetes.<group>.<version>.<Kind>``.
 Kinds of CRDs (Karpenter ``NodePool``, ``PrometheusRule``) become ``CustomResource``. Nodes
 are never created by gpupool, only patched: ``Node`` becomes ``NodePatch`` (server-side apply).
 Top-level fields other than ``apiVersion``/``kind`` pass through as resource arguments.
