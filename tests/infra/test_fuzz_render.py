@@ -46,7 +46,7 @@ def policies(draw: st.DrawFn) -> Any:
     }
     names = draw(st.lists(dns, min_size=2, max_size=3, unique=True))
     all_nodes = iter(draw(st.lists(dns, min_size=0, max_size=6, unique=True)))
-    pools = []
+    pools: list[dict[str, Any]] = []
     for i, name in enumerate(names):
         max_nodes = draw(st.integers(1, 16))
         nodes = [n for _, n in zip(range(draw(st.integers(0, max_nodes))), all_nodes, strict=False)]
@@ -156,7 +156,7 @@ def policies(draw: st.DrawFn) -> Any:
 def test_valid_policies_render_valid_objects(doc: Any) -> None:
     policy = parse_policy(doc)
     for target in ("labels", "karpenter"):
-        objects = build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+        objects = build_bundle(policy, target=target, vllm_args=explicit_args(policy))
         for obj in objects:
             if obj["apiVersion"] == "karpenter.sh/v1":
                 assert [e.message for e in VALIDATOR.iter_errors(obj)] == []
