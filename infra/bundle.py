@@ -18,6 +18,9 @@ from policy import PoolPolicy
 INFERENCE_WORKLOAD = "gpupool:flex:InferenceWorkload"
 """Pulumi type token of one flex workload's component."""
 
+SCHEDULING = "gpupool:cluster:Scheduling"
+"""Pulumi type token of the namespaces + PriorityClasses component; everything else needs it."""
+
 
 @dataclass(frozen=True)
 class ObjectGroup:
@@ -44,7 +47,7 @@ def build_groups(
         raise MissingVllmArgs(f"no vLLM arguments for workloads {missing}")
     groups = [
         ObjectGroup(
-            "gpupool:cluster:Scheduling",
+            SCHEDULING,
             "scheduling",
             (*namespaces(policy), *priority_classes(policy)),
         ),

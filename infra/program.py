@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import pulumi
+from pulumi_kubernetes.core.v1 import Service
 
 from infra.builders.nodepools import TARGETS, Target
-from infra.bundle import INFERENCE_WORKLOAD, ObjectGroup, build_groups
+from infra.bundle import INFERENCE_WORKLOAD, SCHEDULING, ObjectGroup, build_groups
 from infra.inputs import load_inputs
 from infra.resources import declare, logical_name
+from policy import PolicyError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 """Directory of Pulumi.yaml; ``gpupool:policy`` is relative to it."""
@@ -35,7 +38,7 @@ def read_settings(config: pulumi.Config, root: Path = PROJECT_ROOT) -> StackSett
     """Typed settings from the ``gpupool`` config namespace; a bad value stops the program."""
     target = config.get("target") or "labels"
     if target not in TARGETS:
-        raise ValueError(f"gpupool:target must be one of {list(TARGETS)}, found {target!r}")
+        raise pulumi.RunError(f"gpupool:target must be one of {list(TARGETS)}, found {target!r}")
     policy = Path(config.get("policy") or "policy/pool.yaml")
     return StackSettings(policy if policy.is_absolute() else root / policy, target)
 
@@ -46,6 +49,7 @@ class BundleComponent(pulumi.ComponentResource):
     def __init__(self, group: ObjectGroup, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(group.component, group.name, None, opts)
         self.group_name = group.name
+        self.objects = group.objects
         child = pulumi.ResourceOptions(parent=self)
         self.resources = {logical_name(obj): declare(obj, child) for obj in group.objects}
         self.register_outputs(self.outputs())
@@ -57,31 +61,45 @@ class BundleComponent(pulumi.ComponentResource):
 class InferenceWorkload(BundleComponent):
     """One flex vLLM workload: Deployment, PVC, Service, PDB and HPA."""
 
-    def __init__(self, group: ObjectGroup, opts: pulumi.ResourceOptions | None = None) -> None:
-        service = next(o for o in group.objects if o["kind"] == "Service")
-        meta, port = service["metadata"], service["spec"]["ports"][0]["port"]
-        self.service_url = pulumi.Output.from_input(
-            f"http://{meta['name']}.{meta['namespace']}.svc:{port}"
-        )
-        super().__init__(group, opts)
+    service_url: pulumi.Output[str]
+    """In-cluster URL of the workload's Service, from the Service resource's outputs."""
 
     def outputs(self) -> dict[str, pulumi.Input[str]]:
+        (name,) = (logical_name(o) for o in self.objects if o["kind"] == "Service")
+        service = cast(Service, self.resources[name])
+        self.service_url = pulumi.Output.all(service.metadata, service.spec).apply(_service_url)
         return super().outputs() | {"service_url": self.service_url}
 
 
+def _service_url(args: list[Any]) -> str:
+    meta, spec = args
+    return f"http://{meta['name']}.{meta['namespace']}.svc:{spec['ports'][0]['port']}"
+
+
 def declare_groups(groups: list[ObjectGroup]) -> list[BundleComponent]:
-    """One component per group; later groups wait for the first (namespaces, priorities)."""
-    components: list[BundleComponent] = []
+    """One component per group; every other group waits for namespaces and priorities."""
+    first = [g for g in groups if g.component == SCHEDULING]
+    scheduling = [BundleComponent(g) for g in first]
+    components = list(scheduling)
     for group in groups:
-        opts = pulumi.ResourceOptions(depends_on=components[:1])
+        if group.component == SCHEDULING:
+            continue
+        opts = pulumi.ResourceOptions(depends_on=scheduling)
         cls = InferenceWorkload if group.component == INFERENCE_WORKLOAD else BundleComponent
         components.append(cls(group, opts))
     return components
 
 
 def run(settings: StackSettings) -> list[BundleComponent]:
-    """Declare every object of the policy named by ``settings``."""
-    inputs = load_inputs(settings.policy_path)
+    """Declare every object of the policy named by ``settings``.
+
+    A bad policy stops the program before any resource is declared, with the same
+    ``FILE:LINE: path: message`` lines ``gpupool validate`` prints (no traceback).
+    """
+    try:
+        inputs = load_inputs(settings.policy_path)
+    except PolicyError as exc:
+        raise pulumi.RunError(str(exc)) from None
     groups = build_groups(inputs.policy, target=settings.target, vllm_args=inputs.vllm_args)
     components = declare_groups(groups)
     pulumi.export("target", settings.target)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import runpy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import pulumi
@@ -46,8 +47,10 @@ from infra.bundle import INFERENCE_WORKLOAD, build_bundle, build_groups  # noqa:
 from infra.program import (  # noqa: E402
     PROJECT_ROOT,
     InferenceWorkload,
+    StackSettings,
     declare_groups,
     read_settings,
+    run,
 )
 from policy import PoolPolicy, load_policy  # noqa: E402
 from tests.infra.policies import explicit_args, two_workloads  # noqa: E402
@@ -191,7 +194,7 @@ def test_settings_resolve_the_policy_against_the_project_root() -> None:
     assert (PROJECT_ROOT / "Pulumi.yaml").is_file()
     defaults = read_settings(FakeConfig({}))  # type: ignore[arg-type]
     assert (defaults.target, defaults.policy_path.name) == ("labels", "pool.yaml")
-    with pytest.raises(ValueError, match="gpupool:target must be one of"):
+    with pytest.raises(pulumi.RunError, match="gpupool:target must be one of"):
         read_settings(FakeConfig({"target": "gke"}))  # type: ignore[arg-type]
 
 
@@ -221,3 +224,15 @@ def test_main_program_reads_stack_config_and_declares_the_policy() -> pulumi.Out
 
     urns = [r.urn for c in program["components"] for r in c.resources.values()]
     return pulumi.Output.all(*urns).apply(check)
+
+
+def test_a_bad_policy_stops_the_program_with_located_problems(tmp_path: Path) -> None:
+    bad = tmp_path / "pool.yaml"
+    bad.write_text(
+        PROJECT_ROOT.joinpath("policy/pool.yaml").read_text().replace("value: -1", "value: 5")
+    )
+    with pytest.raises(pulumi.RunError) as caught:
+        run(StackSettings(bad, "labels"))
+    assert str(caught.value).startswith(f"{bad}:")
+    assert "priorities.idle_inference.value" in str(caught.value)
+    assert RECORDER.registered == []
