@@ -236,3 +236,51 @@ def test_a_bad_policy_stops_the_program_with_located_problems(tmp_path: Path) ->
     assert str(caught.value).startswith(f"{bad}:")
     assert "priorities.idle_inference.value" in str(caught.value)
     assert RECORDER.registered == []
+
+
+def test_generic_mapping_covers_built_ins_patches_and_crds() -> None:
+    from pulumi_kubernetes.apiextensions import CustomResource
+    from pulumi_kubernetes.core.v1 import ConfigMap, NodePatch
+    from pulumi_kubernetes.networking.v1 import NetworkPolicy
+
+    from infra.resources import resource_class
+
+    assert resource_class("v1", "ConfigMap") is ConfigMap
+    assert resource_class("networking.k8s.io/v1", "NetworkPolicy") is NetworkPolicy
+    assert resource_class("v1", "Node") is NodePatch
+    assert resource_class("monitoring.coreos.com/v1", "PrometheusRule") is None
+    assert resource_class("karpenter.sh/v1", "NodePool") is None
+    assert issubclass(CustomResource, pulumi.CustomResource)
+
+
+@pulumi_test
+def test_a_new_group_of_any_objects_needs_no_program_change() -> pulumi.Output[None]:
+    """How monitoring objects will join: an ObjectGroup with a CRD object and a built-in one."""
+    from infra.bundle import ObjectGroup
+
+    rule = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "gpupool", "namespace": "gpupool-system"},
+        "spec": {"groups": [{"name": "g", "rules": [{"record": "r", "expr": "1"}]}]},
+    }
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "dashboards", "namespace": "gpupool-system"},
+        "data": {"gpupool.json": "{}"},
+    }
+    (component,) = declare_groups(
+        [ObjectGroup("gpupool:monitoring:Rules", "monitoring", (rule, config))]
+    )
+
+    def check(_: Any) -> None:
+        registered = {(t, n): i for t, n, i in RECORDER.registered}
+        crd = registered[
+            ("kubernetes:monitoring.coreos.com/v1:PrometheusRule", "gpupool-prometheusrule")
+        ]
+        assert crd["spec"] == rule["spec"]
+        cm = registered[("kubernetes:core/v1:ConfigMap", "dashboards-configmap")]
+        assert cm["data"] == config["data"]
+
+    return pulumi.Output.all(*[r.urn for r in component.resources.values()]).apply(check)
