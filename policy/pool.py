@@ -97,12 +97,12 @@ class PoolPolicy(StrictModel):
                 f"disruption.pdb_min_available ({self.disruption.pdb_min_available}): the PDB "
                 "could never allow an eviction; lower pdb_min_available or raise max_replicas",
             )
-            pool = next((p for p in self.node_pools if p.name == w.pool), None)
+            host = next((p for p in self.node_pools if p.name == w.pool), None)
             found.require(
-                pool is None or w.gpus_per_replica <= pool.gpus_per_node,
+                host is None or w.gpus_per_replica <= host.gpus_per_node,
                 f"{at}.gpus_per_replica",
                 f"workload {w.name!r} needs {w.gpus_per_replica} GPUs per replica but nodes of "
-                f"pool {w.pool!r} have {pool.gpus_per_node if pool else '?'}",
+                f"pool {w.pool!r} have {host.gpus_per_node if host else '?'}",
             )
         found.raise_if_any()
         return self

@@ -124,9 +124,11 @@ def start_prometheus(config: str, workdir: Path, *, data_dir: Path | None = None
 
 def start_alertmanager(config: str, workdir: Path) -> Server:
     """Alertmanager with ``config`` (YAML text), clustering off."""
-    binary = require_binary("prometheus-alertmanager") if shutil.which(
-        "prometheus-alertmanager"
-    ) else require_binary("alertmanager")
+    binary = (
+        require_binary("prometheus-alertmanager")
+        if shutil.which("prometheus-alertmanager")
+        else require_binary("alertmanager")
+    )
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "alertmanager.yml"
     config_file.write_text(config)
@@ -166,5 +168,9 @@ def start_vllm_server(args: Sequence[str], workdir: Path, *, timeout_s: float = 
         ready_path="/health",
         log=workdir / "vllm.log",
         timeout_s=timeout_s,
-        env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        env={
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        },
     )
