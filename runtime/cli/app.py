@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from runtime.cli import policy_commands, vllm_commands
+from runtime.cli import infra_commands, policy_commands, vllm_commands
 
 app = typer.Typer(
     name="gpupool",
@@ -16,6 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 policy_commands.register(app)
+infra_commands.register(app)
 vllm_commands.register(app)
 
 
