@@ -324,7 +324,14 @@ def _preservation(
             "CPU backend: the KV already lives in host memory and vLLM's offloading worker "
             "needs CUDA/XPU tensors (kv_offload/cpu/gpu_worker.py), so no connector"
         )
-    extra: dict[str, Any] = {"cpu_bytes_to_use": int(policy.kv_cache.offload_host_gib * GIB)}
+    host_bytes = int(policy.kv_cache.offload_host_gib * GIB)
+    if host_bytes >= workload.resources.memory_bytes:
+        raise KvPlanError(
+            f"{workload.name}: kv_cache.offload_host_gib ({policy.kv_cache.offload_host_gib:g}) "
+            f"does not fit in the container's memory ({workload.resources.memory}); lower it, "
+            "raise resources.memory, or set kv_cache.kv_preservation to off"
+        )
+    extra: dict[str, Any] = {"cpu_bytes_to_use": host_bytes}
     if mode == "cpu":
         return _connector(extra), (
             f"OffloadingConnector, CPU tier of {policy.kv_cache.offload_host_gib:g} GiB "

@@ -218,3 +218,12 @@ def test_tensor_parallel_that_cannot_shard_kv_heads(
 ) -> None:
     with pytest.raises(KvPlanError, match="tensor parallel 3 neither divides"):
         plan_kv_cache(policy, workload, model("llama-3-8b"), tensor_parallel=3)
+
+
+def test_offload_tier_must_fit_in_the_container(policy: PoolPolicy, workload: FlexWorkload) -> None:
+    small = workload.model_copy(
+        update={"resources": workload.resources.model_copy(update={"memory": "16Gi"})}
+    )
+    assert small.resources.memory_bytes == 16 * 2**30
+    with pytest.raises(KvPlanError, match=r"offload_host_gib \(16\) does not fit .*\(16Gi\)"):
+        plan_kv_cache(policy, small, model("llama-3-8b"))
