@@ -101,3 +101,15 @@ def test_kv_report_bad_trace(tmp_path: Path) -> None:
     result = runner.invoke(app, ["kv-report", "--trace", str(trace)], env={"COLUMNS": "300"})
     assert result.exit_code == 1
     assert f"{trace}:2: expected 3 columns" in result.output
+
+
+def test_unknown_kv_cache_dtype_is_a_policy_error(tmp_path: Path) -> None:
+    text = DEFAULT_POLICY.read_text().replace("cache_dtype: auto", "cache_dtype: fp4")
+    assert "cache_dtype: fp4" in text
+    bad = tmp_path / "pool.yaml"
+    bad.write_text(text)
+    result = runner.invoke(app, ["vllm-args", "--policy", str(bad)], env={"COLUMNS": "300"})
+    assert result.exit_code == 1
+    assert f"{bad}:" in result.output
+    assert "kv_cache.cache_dtype" in result.output
+    assert "'fp4'" in result.output
