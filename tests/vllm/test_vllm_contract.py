@@ -16,7 +16,7 @@ import vllm
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
 from runtime.vllm import BackendError, plan_kv_cache
-from runtime.vllm.backends import _RULES, BlockRule, block_rule, check_block_size
+from runtime.vllm.backends import BLOCK_RULES, BlockRule, block_rule, check_block_size
 from tests.vllm.conftest import model
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def _declared(rule: BlockRule) -> list[Any]:
     return list(backend.get_supported_kernel_block_sizes())
 
 
-@pytest.mark.parametrize("rule", list(_RULES.values()), ids=lambda r: r.vllm_name)
+@pytest.mark.parametrize("rule", list(BLOCK_RULES.values()), ids=lambda r: r.vllm_name)
 def test_rules_match_what_vllm_declares(rule: BlockRule) -> None:
     from vllm.v1.attention.backend import MultipleOf
 
