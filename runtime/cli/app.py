@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from runtime.cli import policy_commands
+from runtime.cli import infra_commands, policy_commands, vllm_commands
 
 app = typer.Typer(
     name="gpupool",
@@ -14,6 +14,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 policy_commands.register(app)
+infra_commands.register(app)
+vllm_commands.register(app)
 
 
 def main() -> None:
