@@ -29,7 +29,9 @@ def _panel(
     thresholds: list[float] | None = None,
 ) -> dict[str, Any]:
     steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
-    steps += [{"color": c, "value": v} for c, v in zip(("orange", "red"), thresholds or [])]
+    steps += [
+        {"color": c, "value": v} for c, v in zip(("orange", "red"), thresholds or [], strict=False)
+    ]
     return {
         "id": index + 1,
         "type": "timeseries",

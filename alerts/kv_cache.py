@@ -1,4 +1,4 @@
-"""KV-cache alerts: a low prefix hit rate on a flex instance means fragmentation or too little KV."""
+"""KV-cache alerts: a low prefix hit rate on a flex instance means fragmentation or small KV."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``gpupool alerts render``: write the policy's rule files, alertmanager.yml, adapter and dashboard."""
+"""``gpupool alerts render``: rule files, alertmanager.yml, adapter rules and dashboard."""
 
 from __future__ import annotations
 
