@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 from typer.testing import CliRunner
 
-from alerts.bundle import all_groups, alert_names
+from alerts.bundle import alert_names, all_groups
 from alerts.manifests import monitoring_objects
 from alerts.render import bundle_files, render
 from policy import PoolPolicy, parse_policy
