@@ -6,8 +6,6 @@ how the flex vLLM pods are scraped); the metrics catalogue reads them instead of
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, model_validator
 
 from policy.base import Duration, Invariants, StrictModel, duration_seconds
@@ -22,10 +20,6 @@ class MetricSources(StrictModel):
     workload_label: str = Field("workload", min_length=1)
     """Target label naming the flex workload on scraped vLLM series (set by the scrape config,
     e.g. a PodMonitor relabeling the pod's ``app.kubernetes.io/name``)."""
-    vllm_metric_prefix: Literal["vllm:", "vllm_"] = "vllm:"
-    """Prefix of vLLM's metric names as Prometheus stores them. vLLM names them ``vllm:...``
-    and Prometheus 3 keeps that; Prometheus 2.x negotiates OpenMetrics without UTF-8
-    escaping, and vLLM's prometheus_client (0.2x) then writes ``vllm_...`` instead."""
     instance_labels: list[str] = Field(
         default_factory=lambda: ["namespace", "workload", "pod"], min_length=1
     )

@@ -113,7 +113,7 @@ class _Builder:
 
     def vllm(self, name: str) -> str:
         """Selector of a vLLM metric (``name`` without prefix) of the flex instances."""
-        return f'{self.m.vllm_metric_prefix}{name}{{namespace="{self.flex_ns}"}}'
+        return f'vllm:{name}{{namespace="{self.flex_ns}"}}'
 
     def gpu_util_by_pool(self, pools: list[NodePool]) -> str:
         """Per-GPU utilization (0-1) with a ``pool`` label, joined through the node's pool label."""

@@ -2,7 +2,9 @@
 
 It uses its own ``CollectorRegistry`` (never the global one). Counters are integrated from
 scripted rates at every scrape, so switching the scenario keeps them monotonic like the real
-exporters' counters.
+exporters' counters. It always answers in the text format, as vLLM's ``/metrics`` does: under
+prometheus_client's own content negotiation, Prometheus 2.x would get OpenMetrics with the
+``vllm:`` colons escaped to ``vllm_``, which real vLLM never serves.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -131,7 +135,22 @@ def serve(scenario: Scenario, port: int) -> Exporter:
     """Serve ``scenario`` on 127.0.0.1:``port`` until ``stop()``."""
     registry = CollectorRegistry()
     registry.register(ScenarioCollector(scenario))
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
 
     def stop() -> None:
         server.shutdown()

@@ -9,19 +9,17 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from ruamel.yaml import YAML
 
 from alerts.render import render
-from policy import PoolPolicy, parse_policy
+from policy import PoolPolicy
+from tests.alerts.conftest import fast_policy
 from tests.alerts.scenario_exporter import Exporter, Scenario, serve
 from tests.alerts.webhook import Webhook, start_webhook
 from tests.harness.servers import Server, free_port, start_alertmanager, start_prometheus
 
-FAST_POLICY = Path(__file__).with_name("fast_policy.yaml")
 QUIET_WAIT_S = 8.0
 """Bounded wait for the healthy phase: over twice for (3s) + group_wait (1s) + eval (1s)."""
 DELIVERY_TIMEOUT_S = 90.0
@@ -36,8 +34,10 @@ class Stack:
     alertmanager: Server
 
 
-def query(prometheus: Server, promql: str) -> list[dict[str, Any]]:
-    url = f"{prometheus.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+def query(prometheus: Server, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+    """Instant query (at ``at`` seconds since the epoch, default now); the result vector."""
+    params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+    url = f"{prometheus.url}/api/v1/query?" + urllib.parse.urlencode(params)
     with urllib.request.urlopen(url, timeout=10) as response:
         body = json.load(response)
     assert body["status"] == "success", body
@@ -59,8 +59,7 @@ def wait_for_value(prometheus: Server, promql: str, timeout_s: float = 60) -> fl
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("e2e")
     webhook = start_webhook()
-    text = FAST_POLICY.read_text().replace("{webhook}", webhook.url)
-    policy = parse_policy(YAML(typ="rt").load(text), str(FAST_POLICY))
+    policy = fast_policy(webhook.url)
     render(policy, workdir / "bundle")
     alertmanager_yml = (workdir / "bundle" / "alertmanager.yml").read_text()
     exporter = serve(Scenario(), free_port())
