@@ -33,6 +33,7 @@ STEP_S = 30
 END_S = 30 * 60
 GROW, HOLD, SHED = T0 + 8 * 60, T0 + 18 * 60, T0 + 28 * 60
 FLEX = 'namespace="gpupool-flex"'
+PROD = "gpupool-production"
 
 Series = dict[str, Callable[[int], float]]
 """Series text (name + labels) -> value at t seconds after T0."""
@@ -40,6 +41,10 @@ Series = dict[str, Callable[[int], float]]
 
 def _phase(grow: float, hold: float, shed: float) -> Callable[[int], float]:
     return lambda t: grow if t < 600 else hold if t < 1200 else shed
+
+
+def one(t: int) -> float:
+    return 1.0
 
 
 def _flip_at(minute: int) -> Callable[[int], float]:
@@ -88,14 +93,10 @@ def scenario() -> dict[tuple[str, str], Series]:
         },
         ("kube_pod_info", "gauge"): {
             **{
-                f'kube_pod_info{{namespace="prod",pod="api-{i}",priority_class="gpupool-production"}}': lambda t: (
-                    1
-                )
+                f'kube_pod_info{{namespace="prod",pod="api-{i}",priority_class="{PROD}"}}': one
                 for i in range(3)
             },
-            'kube_pod_info{namespace="batch",pod="train-0",priority_class="gpupool-training"}': lambda t: (
-                1
-            ),
+            'kube_pod_info{namespace="batch",pod="train-0",priority_class="gpupool-training"}': one,
         },
         ("vllm:kv_cache_usage_perc", "gauge"): {
             f'vllm:kv_cache_usage_perc{{{ns_llm},pod="a",engine="0"}}': lambda t: 0.3,
