@@ -126,6 +126,42 @@ def test_healthy_then_unhealthy_scenario(stack: Stack) -> None:
             for bit in description_bits:
                 assert bit in annotations["description"], annotations
             assert all(a["labels"].get("pod") != "flex-idle" for a in payload["alerts"])
-    delivered = {d.payload["groupLabels"]["alertname"] for d in stack.webhook.snapshot()}
+    deliveries = [
+        d for d in stack.webhook.snapshot() if "InhibitProbe" not in json.dumps(d.payload)
+    ]
+    delivered = {d.payload["groupLabels"]["alertname"] for d in deliveries}
     assert delivered == {"FlexEvictionRateHigh", "KVCacheHitRateLow"}
-    assert not [d for d in stack.webhook.snapshot() if d.path == "/oncall"]
+    assert not [d for d in deliveries if d.path == "/oncall"]
+
+
+def _post_alerts(alertmanager: Server, alerts: list[dict[str, Any]]) -> None:
+    request = urllib.request.Request(
+        alertmanager.url + "/api/v2/alerts",
+        json.dumps(alerts).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
+@pytest.mark.slow
+def test_critical_inhibits_warning_of_the_same_alertname_and_namespace(stack: Stack) -> None:
+    """Posted to Alertmanager directly: the warning twin is inhibited, other namespaces not."""
+
+    def alert(severity: str, namespace: str) -> dict[str, Any]:
+        labels = {"alertname": "InhibitProbe", "severity": severity, "namespace": namespace}
+        return {"labels": labels, "annotations": {"summary": severity}}
+
+    _post_alerts(stack.alertmanager, [alert("critical", "ns-a")])
+    assert stack.webhook.wait_for("/oncall", "InhibitProbe", DELIVERY_TIMEOUT_S) is not None
+    _post_alerts(stack.alertmanager, [alert("warning", "ns-a"), alert("warning", "ns-b")])
+    other = stack.webhook.wait_for("/platform", "InhibitProbe", DELIVERY_TIMEOUT_S)
+    assert other is not None
+    time.sleep(QUIET_WAIT_S)
+    to_platform = [
+        a["labels"]["namespace"]
+        for d in stack.webhook.snapshot()
+        if d.path == "/platform" and d.payload["groupLabels"].get("alertname") == "InhibitProbe"
+        for a in d.payload["alerts"]
+    ]
+    assert to_platform and set(to_platform) == {"ns-b"}
