@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from runtime.cli import infra_commands, policy_commands, vllm_commands
+from runtime.cli import alerts_commands, infra_commands, policy_commands, vllm_commands
 
 app = typer.Typer(
     name="gpupool",
@@ -16,6 +16,7 @@ app = typer.Typer(
 policy_commands.register(app)
 infra_commands.register(app)
 vllm_commands.register(app)
+alerts_commands.register(app)
 
 
 def main() -> None:
