@@ -9,6 +9,7 @@ from policy.base import DnsLabel, Invariants, StrictModel
 from policy.disruption import Disruption
 from policy.elastic import Autoscaling, ElasticThresholds
 from policy.kvcache import KvCache
+from policy.metrics import MetricSources
 from policy.nodepools import NodePool
 from policy.priorities import Priorities
 from policy.workloads import FlexWorkload
@@ -46,6 +47,8 @@ class PoolPolicy(StrictModel):
     """Paged KV cache of flex vLLM instances."""
     alerting: Alerting
     """Alert thresholds and Alertmanager routing."""
+    metrics: MetricSources = MetricSources()
+    """Label names and windows of the metric sources the catalogue queries."""
     workloads: list[FlexWorkload] = Field(default_factory=list)
     """Flex inference workloads."""
 
