@@ -14,6 +14,12 @@ from policy.nodepools import NodePool
 from policy.priorities import Priorities
 from policy.workloads import FlexWorkload
 
+_LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+"""A Kubernetes label key: optional DNS-subdomain prefix and ``/``, then a name."""
+
 
 class Cluster(StrictModel):
     """Names that tie the bundle to one cluster."""
@@ -23,9 +29,17 @@ class Cluster(StrictModel):
     flex_namespace: DnsLabel = "gpupool-flex"
     """Namespace of the flex vLLM workloads."""
     system_namespace: DnsLabel = "gpupool-system"
-    """Namespace of the tuner, the compaction worker and the monitoring objects."""
-    pool_label: str = "gpupool.io/pool"
+    """Namespace of the tuner and the monitoring objects (compaction runs inside flex pods)."""
+    pool_label: str = Field("gpupool.io/pool", pattern=_LABEL_KEY)
     """Node label (and taint key) whose value is the node pool's name."""
+    runtime_image: str = Field("ghcr.io/gpupool/gpupool:0.1.0", min_length=1)
+    """Image of gpupool's own runtime components (the tuner); it contains the ``gpupool`` CLI."""
+    prometheus_url: str = Field(
+        "http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://\S+$"
+    )
+    """Prometheus the tuner queries (in-cluster URL; prometheus-operator's default Service)."""
+    tuner_port: int = Field(9095, ge=1024, le=65535)
+    """Port of the tuner's HTTP listener (Alertmanager webhook, metrics) and of its Service."""
 
 
 class PoolPolicy(StrictModel):

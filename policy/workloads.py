@@ -52,6 +52,8 @@ class FlexWorkload(StrictModel):
     """``--max-model-len``: longest prompt + output in tokens."""
     max_num_seqs: int = Field(128, ge=1)
     """``--max-num-seqs``: most sequences scheduled at once."""
+    startup_timeout_s: int = Field(900, ge=60, le=7200)
+    """Longest model download + load before the startup probe restarts the container."""
     resources: Resources = Resources()
     """Container CPU and memory."""
     snapshot_volume: SnapshotVolume

@@ -1,0 +1,1 @@
+"""Policy -> Kubernetes objects: pure builders shared by Pulumi and ``gpupool render``."""

@@ -1,0 +1,1 @@
+"""One module per concept; each function maps typed policy to plain Kubernetes object dicts."""

@@ -1,0 +1,315 @@
+"""One flex vLLM workload: Deployment, snapshot PVC, Service, PodDisruptionBudget and HPA.
+
+The HPA scales on ``gpupool_flex_gpu_budget``, an External metric (served by
+prometheus-adapter from the recording rule ``gpupool:flex_gpu_budget``) whose value is the
+number of GPUs the workload may occupy right now. With an ``AverageValue`` target of
+``gpus_per_replica`` the HPA's desired replica count is ``ceil(budget / gpus_per_replica)``,
+clamped to the workload's replica bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from infra.builders.meta import Manifest, metadata, selector_labels
+from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
+from infra.builders.rbac import COMPACTION_SERVICE_ACCOUNT
+from policy import PoolPolicy
+from policy.workloads import FlexWorkload
+
+FLEX_GPU_BUDGET_METRIC = "gpupool_flex_gpu_budget"
+"""External metric the HPA reads; its ``workload`` label selects one workload's budget."""
+
+SNAPSHOT_MOUNT_PATH = "/var/lib/gpupool/kv-snapshots"
+"""Where the KV-snapshot volume is mounted in the vLLM container."""
+
+CACHE_MOUNT_PATH = "/var/lib/gpupool/cache"
+"""Writable home for model downloads and compiler caches (the root filesystem is the image's)."""
+
+VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+"""Entry point of the OpenAI-compatible server; the args come from ``runtime.vllm``."""
+
+NON_ROOT_UID = 1000
+"""UID/GID the vLLM container runs as (the upstream image defaults to root)."""
+
+HEALTH_PATH = "/health"
+"""vLLM's health endpoint: 200 once the engine serves, 5xx when the engine died."""
+
+COMPONENT = "flex-inference"
+"""``app.kubernetes.io/component`` of every flex workload object."""
+
+READINESS_PERIOD_S = 5
+"""How often readiness is probed."""
+
+READINESS_FAILURES = 2
+"""Failed readiness probes before the pod leaves the Service (10 s with the period above)."""
+
+LIVENESS_PERIOD_S = 10
+"""How often liveness is probed."""
+
+LIVENESS_FAILURES = 3
+"""Failed liveness probes before the kubelet restarts a hung engine."""
+
+RATE_PERIOD_S = 60
+"""HPA policy period: the policy's ``*_pods_per_minute`` limits are per 60 s."""
+
+STARTUP_PERIOD_S = 10
+"""Startup probe period; ``startup_timeout_s`` / this many failures are allowed."""
+
+
+def snapshot_claim_name(workload: FlexWorkload) -> str:
+    """Name of the workload's KV-snapshot PersistentVolumeClaim."""
+    return f"{workload.name}-kv-snapshots"
+
+
+def flex_workload(
+    policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[str]
+) -> list[Manifest]:
+    """Every object of one flex workload, in apply order."""
+    return [
+        snapshot_claim(policy, workload),
+        deployment(policy, workload, vllm_args),
+        service(policy, workload),
+        disruption_budget(policy, workload),
+        autoscaler(policy, workload),
+    ]
+
+
+def _meta(policy: PoolPolicy, name: str, workload: FlexWorkload) -> Manifest:
+    return metadata(
+        name, COMPONENT, namespace=policy.cluster.flex_namespace, instance=workload.name
+    )
+
+
+def snapshot_claim(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
+    """Shared volume for KV snapshots, so a replacement replica can restore its prefix cache."""
+    volume = workload.snapshot_volume
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(policy, snapshot_claim_name(workload), workload),
+        "spec": {
+            "accessModes": [volume.access_mode],
+            "storageClassName": volume.storage_class,
+            "resources": {"requests": {"storage": volume.size}},
+        },
+    }
+
+
+def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[str]) -> Manifest:
+    """The vLLM Deployment: lowest priority, flex pool only, spread, drained on eviction.
+
+    ``replicas`` is left out: the HPA owns it, and a rendered value would fight the HPA on
+    every sync.
+    """
+    pool = next(p for p in policy.node_pools if p.name == workload.pool)
+    selector = selector_labels(workload.name)
+    tolerations: list[Manifest] = [
+        {"key": GPU_RESOURCE, "operator": "Exists", "effect": TAINT_EFFECT},
+    ]
+    if pool.taint:
+        tolerations.insert(
+            0,
+            {
+                "key": policy.cluster.pool_label,
+                "operator": "Equal",
+                "value": pool.name,
+                "effect": TAINT_EFFECT,
+            },
+        )
+    pod_meta = _meta(policy, workload.name, workload)
+    pod_meta["labels"] |= selector
+    del pod_meta["name"], pod_meta["namespace"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(policy, workload.name, workload),
+        "spec": {
+            "selector": {"matchLabels": selector},
+            # A surge replica would need a free GPU; replace one at a time instead.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "template": {
+                "metadata": pod_meta,
+                "spec": {
+                    "priorityClassName": policy.priorities.idle_inference.name,
+                    "serviceAccountName": COMPACTION_SERVICE_ACCOUNT,
+                    "nodeSelector": {policy.cluster.pool_label: pool.name},
+                    "tolerations": tolerations,
+                    "affinity": {"podAntiAffinity": _anti_affinity(policy, selector)},
+                    "terminationGracePeriodSeconds": policy.disruption.termination_grace_s,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": NON_ROOT_UID,
+                        "runAsGroup": NON_ROOT_UID,
+                        "fsGroup": NON_ROOT_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [_vllm_container(policy, workload, vllm_args)],
+                    "volumes": [
+                        {
+                            "name": "kv-snapshots",
+                            "persistentVolumeClaim": {"claimName": snapshot_claim_name(workload)},
+                        },
+                        {"name": "cache", "emptyDir": {}},
+                        # NCCL and vLLM's tensor-parallel workers share memory through /dev/shm.
+                        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _anti_affinity(policy: PoolPolicy, selector: dict[str, str]) -> Manifest:
+    term = {"labelSelector": {"matchLabels": selector}, "topologyKey": "kubernetes.io/hostname"}
+    if policy.disruption.anti_affinity == "required":
+        return {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+    return {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "podAffinityTerm": term}
+        ]
+    }
+
+
+def _vllm_container(
+    policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[str]
+) -> Manifest:
+    limits = {
+        "cpu": workload.resources.cpu,
+        "memory": workload.resources.memory,
+        GPU_RESOURCE: str(workload.gpus_per_replica),
+    }
+    probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
+    container: Manifest = {
+        "name": "vllm",
+        "image": workload.image,
+        "command": list(VLLM_COMMAND),
+        "args": list(vllm_args),
+        "ports": [{"name": "http", "containerPort": workload.port, "protocol": "TCP"}],
+        "env": [
+            {"name": "HOME", "value": CACHE_MOUNT_PATH},
+            {"name": "HF_HOME", "value": f"{CACHE_MOUNT_PATH}/huggingface"},
+            {"name": "GPUPOOL_KV_SNAPSHOT_DIR", "value": SNAPSHOT_MOUNT_PATH},
+        ],
+        "resources": {"requests": dict(limits), "limits": limits},
+        "startupProbe": probe
+        | {
+            "periodSeconds": STARTUP_PERIOD_S,
+            "failureThreshold": -(-workload.startup_timeout_s // STARTUP_PERIOD_S),
+        },
+        "readinessProbe": probe
+        | {"periodSeconds": READINESS_PERIOD_S, "failureThreshold": READINESS_FAILURES},
+        "livenessProbe": probe
+        | {"periodSeconds": LIVENESS_PERIOD_S, "failureThreshold": LIVENESS_FAILURES},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "kv-snapshots", "mountPath": SNAPSHOT_MOUNT_PATH},
+            {"name": "cache", "mountPath": CACHE_MOUNT_PATH},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+    if policy.disruption.prestop_delay_s > 0:
+        # Endpoints drop the pod while it still serves; vLLM then drains on SIGTERM.
+        container["lifecycle"] = {
+            "preStop": {"exec": {"command": ["sleep", str(policy.disruption.prestop_delay_s)]}}
+        }
+    return container
+
+
+def service(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
+    """ClusterIP Service in front of the replicas (the router sends flex traffic here)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(policy, workload.name, workload),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(workload.name),
+            "ports": [
+                {"name": "http", "port": workload.port, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def disruption_budget(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
+    """PDB: voluntary evictions (drains, Karpenter consolidation) keep ``minAvailable`` up.
+
+    Preemption by higher-priority pods ignores PDBs by design: that is how flex yields.
+    """
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(policy, workload.name, workload),
+        "spec": {
+            "minAvailable": policy.disruption.pdb_min_available,
+            "selector": {"matchLabels": selector_labels(workload.name)},
+            # A crash-looping replica must not block node drains.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def autoscaler(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
+    """autoscaling/v2 HPA on the GPU budget, with the policy's stabilization windows."""
+    scaling = policy.autoscaling
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _meta(policy, workload.name, workload),
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": workload.name,
+            },
+            "minReplicas": workload.min_replicas,
+            "maxReplicas": workload.max_replicas,
+            "metrics": [
+                {
+                    "type": "External",
+                    "external": {
+                        "metric": {
+                            "name": FLEX_GPU_BUDGET_METRIC,
+                            "selector": {"matchLabels": {"workload": workload.name}},
+                        },
+                        "target": {
+                            "type": "AverageValue",
+                            "averageValue": str(workload.gpus_per_replica),
+                        },
+                    },
+                }
+            ],
+            "behavior": {
+                "scaleUp": {
+                    "stabilizationWindowSeconds": scaling.scale_up_stabilization_s,
+                    "selectPolicy": "Max",
+                    "policies": [
+                        {
+                            "type": "Pods",
+                            "value": scaling.scale_up_pods_per_minute,
+                            "periodSeconds": RATE_PERIOD_S,
+                        }
+                    ],
+                },
+                "scaleDown": {
+                    "stabilizationWindowSeconds": scaling.scale_down_stabilization_s,
+                    "selectPolicy": "Max",
+                    "policies": [
+                        {
+                            "type": "Pods",
+                            "value": scaling.scale_down_pods_per_minute,
+                            "periodSeconds": RATE_PERIOD_S,
+                        }
+                    ],
+                },
+            },
+        },
+    }

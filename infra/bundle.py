@@ -1,0 +1,75 @@
+"""The whole bundle: every object the policy implies, grouped the way the Pulumi program groups
+them, in a deterministic apply order (cluster-scoped first, then namespaced)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from infra.builders.meta import Manifest
+from infra.builders.namespaces import namespaces
+from infra.builders.nodepools import Target, node_pools
+from infra.builders.priorities import priority_classes
+from infra.builders.rbac import service_accounts_and_rbac
+from infra.builders.runtime_components import tuner
+from infra.builders.workload import flex_workload
+from policy import PoolPolicy
+
+INFERENCE_WORKLOAD = "gpupool:flex:InferenceWorkload"
+"""Pulumi type token of one flex workload's component."""
+
+
+@dataclass(frozen=True)
+class ObjectGroup:
+    """Objects that belong together: one Pulumi ComponentResource, one section of a summary."""
+
+    component: str
+    """Pulumi type token (``package:module:Type``) of the component that owns the objects."""
+    name: str
+    """Component name; children are named after it."""
+    objects: tuple[Manifest, ...]
+    """The objects, in apply order."""
+
+
+class MissingVllmArgs(ValueError):
+    """A workload has no vLLM arguments: the edge that computes them skipped it."""
+
+
+def build_groups(
+    policy: PoolPolicy, *, target: Target, vllm_args: Mapping[str, Sequence[str]]
+) -> list[ObjectGroup]:
+    """Every object, grouped; ``vllm_args`` maps workload name -> the vLLM container args."""
+    missing = [w.name for w in policy.workloads if w.name not in vllm_args]
+    if missing:
+        raise MissingVllmArgs(f"no vLLM arguments for workloads {missing}")
+    groups = [
+        ObjectGroup(
+            "gpupool:cluster:Scheduling",
+            "scheduling",
+            (*namespaces(policy), *priority_classes(policy)),
+        ),
+        ObjectGroup(
+            "gpupool:cluster:NodePools", f"node-pools-{target}", tuple(node_pools(policy, target))
+        ),
+        ObjectGroup(
+            "gpupool:system:RuntimeComponents",
+            "runtime",
+            (*service_accounts_and_rbac(policy), *tuner(policy)),
+        ),
+    ]
+    groups += [
+        ObjectGroup(INFERENCE_WORKLOAD, w.name, tuple(flex_workload(policy, w, vllm_args[w.name])))
+        for w in policy.workloads
+    ]
+    return groups
+
+
+def build_bundle(
+    policy: PoolPolicy, *, target: Target, vllm_args: Mapping[str, Sequence[str]]
+) -> list[Manifest]:
+    """Every object the policy implies, flat, in apply order."""
+    return [
+        obj
+        for group in build_groups(policy, target=target, vllm_args=vllm_args)
+        for obj in group.objects
+    ]

@@ -1,0 +1,93 @@
+"""The Pulumi program: stack config -> bundle -> one typed resource per object.
+
+Objects are grouped in ComponentResources: one ``gpupool:flex:InferenceWorkload`` per flex
+workload and one component per cluster-wide group. Everything that is not Pulumi (policy,
+builders, vLLM args) is computed before any resource is declared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import pulumi
+
+from infra.builders.nodepools import TARGETS, Target
+from infra.bundle import INFERENCE_WORKLOAD, ObjectGroup, build_groups
+from infra.inputs import load_inputs
+from infra.resources import declare, logical_name
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+"""Directory of Pulumi.yaml; ``gpupool:policy`` is relative to it."""
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    """Stack config, read once (``Pulumi.<stack>.yaml``)."""
+
+    policy_path: Path
+    """``gpupool:policy``: the policy file (relative to the project root)."""
+    target: Target
+    """``gpupool:target``: ``labels`` or ``karpenter``."""
+
+
+def read_settings(config: pulumi.Config, root: Path = PROJECT_ROOT) -> StackSettings:
+    """Typed settings from the ``gpupool`` config namespace; a bad value stops the program."""
+    target = config.get("target") or "labels"
+    if target not in TARGETS:
+        raise ValueError(f"gpupool:target must be one of {list(TARGETS)}, found {target!r}")
+    policy = Path(config.get("policy") or "policy/pool.yaml")
+    return StackSettings(policy if policy.is_absolute() else root / policy, cast(Target, target))
+
+
+class BundleComponent(pulumi.ComponentResource):
+    """A group of objects; its outputs name each child's URN."""
+
+    def __init__(self, group: ObjectGroup, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(group.component, group.name, None, opts)
+        self.group_name = group.name
+        child = pulumi.ResourceOptions(parent=self)
+        self.resources = {logical_name(obj): declare(obj, child) for obj in group.objects}
+        self.register_outputs(self.outputs())
+
+    def outputs(self) -> dict[str, pulumi.Input[str]]:
+        return {name: res.urn for name, res in self.resources.items()}
+
+
+class InferenceWorkload(BundleComponent):
+    """One flex vLLM workload: Deployment, PVC, Service, PDB and HPA."""
+
+    def __init__(self, group: ObjectGroup, opts: pulumi.ResourceOptions | None = None) -> None:
+        service = next(o for o in group.objects if o["kind"] == "Service")
+        meta, port = service["metadata"], service["spec"]["ports"][0]["port"]
+        self.service_url = pulumi.Output.from_input(
+            f"http://{meta['name']}.{meta['namespace']}.svc:{port}"
+        )
+        super().__init__(group, opts)
+
+    def outputs(self) -> dict[str, pulumi.Input[str]]:
+        return super().outputs() | {"service_url": self.service_url}
+
+
+def declare_groups(groups: list[ObjectGroup]) -> list[BundleComponent]:
+    """One component per group; later groups wait for the first (namespaces, priorities)."""
+    components: list[BundleComponent] = []
+    for group in groups:
+        opts = pulumi.ResourceOptions(depends_on=components[:1])
+        cls = InferenceWorkload if group.component == INFERENCE_WORKLOAD else BundleComponent
+        components.append(cls(group, opts))
+    return components
+
+
+def run(settings: StackSettings) -> list[BundleComponent]:
+    """Declare every object of the policy named by ``settings``."""
+    inputs = load_inputs(settings.policy_path)
+    groups = build_groups(inputs.policy, target=settings.target, vllm_args=inputs.vllm_args)
+    components = declare_groups(groups)
+    pulumi.export("target", settings.target)
+    pulumi.export(
+        "flex_endpoints",
+        {c.group_name: c.service_url for c in components if isinstance(c, InferenceWorkload)},
+    )
+    return components

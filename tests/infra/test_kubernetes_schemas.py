@@ -1,0 +1,47 @@
+"""Every rendered built-in object passes kubernetes-validate in strict mode (1.30 and newest)."""
+
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import pytest
+
+from infra.builders.meta import Manifest
+from infra.bundle import build_bundle
+from policy import PoolPolicy, load_policy
+from tests.infra.policies import explicit_args, two_workloads
+
+VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
+CRD_GROUPS = ("karpenter.sh/",)
+
+
+def built_in(policy: PoolPolicy, target: str) -> list[Manifest]:
+    objs = build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    return [o for o in objs if not o["apiVersion"].startswith(CRD_GROUPS)]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("target", ["labels", "karpenter"])
+@pytest.mark.parametrize("policy", [load_policy(), two_workloads()], ids=["default", "two"])
+def test_objects_are_valid_kubernetes(policy: PoolPolicy, target: str, version: str) -> None:
+    objs = built_in(policy, target)
+    assert {"Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Namespace"} <= {
+        o["kind"] for o in objs
+    }
+    for obj in objs:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_strict_validation_catches_a_misspelled_field(version: str) -> None:
+    """The check above has teeth: a typo in a Deployment spec is rejected."""
+    (deployment,) = [
+        o
+        for o in built_in(load_policy(), "labels")
+        if o["kind"] == "Deployment" and o["metadata"]["name"] != "gpupool-tuner"
+    ]
+    broken = copy.deepcopy(deployment)
+    broken["spec"]["template"]["spec"]["terminationGracePeriod"] = 30
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, version, strict=True)
