@@ -15,7 +15,7 @@ from typing import Any
 
 from policy import PolicyError, PoolPolicy, parse_policy
 from policy.base import duration_seconds
-from runtime.tuner import signals
+from runtime.metrics import catalogue
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.snapshot import MetricsSnapshot, Unusable, Window, usable
 
@@ -161,7 +161,7 @@ def eviction_storm(
     rule = "eviction-storm"
     limit = policy.alerting.thresholds.flex_eviction_rate.per_minute_max
     try:
-        (evictions,) = _windows(snapshot, settings, [signals.FLEX_EVICTIONS])
+        (evictions,) = _windows(snapshot, settings, [catalogue.FLEX_EVICTIONS])
     except _Missing as missing:
         return _noop_for(rule, missing, "cannot judge evictions")
     above = evictions.share(lambda v: v > limit)
@@ -174,13 +174,13 @@ def eviction_storm(
     evidence = [_sustained(evictions, lambda v: v > limit, f"> {limit}/min")]
     pending = usable(
         snapshot,
-        signals.PROD_PENDING,
+        catalogue.PROD_PODS_PENDING,
         stale_after_s=settings.stale_after_s,
         min_observation_s=settings.min_observation_s,
     )
     utilization = usable(
         snapshot,
-        signals.CLUSTER_UTILIZATION,
+        catalogue.CLUSTER_GPU_UTILIZATION,
         stale_after_s=settings.stale_after_s,
         min_observation_s=settings.min_observation_s,
     )
@@ -280,10 +280,10 @@ def idle_flex_demand(
             snapshot,
             settings,
             [
-                signals.CLUSTER_UTILIZATION,
-                signals.FLEX_QUEUE,
-                signals.PROD_PENDING,
-                signals.FLEX_EVICTIONS,
+                catalogue.CLUSTER_GPU_UTILIZATION,
+                catalogue.VLLM_QUEUE_DEPTH,
+                catalogue.PROD_PODS_PENDING,
+                catalogue.FLEX_EVICTIONS,
             ],
         )
     except _Missing as missing:
@@ -348,7 +348,9 @@ def kv_capacity(
     it is sparse (fragmented or cold), nothing in between."""
     rule = "kv-hit-rate"
     try:
-        hit_rate, kv_usage = _windows(snapshot, settings, [signals.KV_HIT_RATE, signals.KV_USAGE])
+        hit_rate, kv_usage = _windows(
+            snapshot, settings, [catalogue.KV_CACHE_HIT_RATE, catalogue.KV_CACHE_USAGE]
+        )
     except _Missing as missing:
         return _noop_for(rule, missing, "no KV change")
     floor = policy.alerting.thresholds.kv_hit_rate.min - settings.ratio_margin

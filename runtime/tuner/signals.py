@@ -11,13 +11,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 
-CLUSTER_UTILIZATION = "gpupool:cluster_gpu_utilization:ratio"
-FLEX_EVICTIONS = "gpupool:flex_evictions:per_minute"
-PROD_PENDING = "gpupool:prod_pods_pending"
-FLEX_QUEUE = "gpupool:vllm_queue_depth"
-FLEX_HEADROOM = "gpupool:flex_headroom_gpus"
-KV_USAGE = "gpupool:kv_cache_usage:ratio"
-KV_HIT_RATE = "gpupool:kv_cache_hit_rate:ratio"
+from runtime.metrics import catalogue
 
 
 class Combine(Enum):
@@ -34,13 +28,13 @@ class Combine(Enum):
 
 
 SIGNALS: dict[str, Combine] = {
-    CLUSTER_UTILIZATION: Combine.MEAN,
-    FLEX_EVICTIONS: Combine.SUM,
-    PROD_PENDING: Combine.SUM,
-    FLEX_QUEUE: Combine.SUM,
-    FLEX_HEADROOM: Combine.SUM,
-    KV_USAGE: Combine.MAX,
-    KV_HIT_RATE: Combine.MIN,
+    catalogue.CLUSTER_GPU_UTILIZATION: Combine.MEAN,
+    catalogue.FLEX_EVICTIONS: Combine.SUM,
+    catalogue.PROD_PODS_PENDING: Combine.SUM,
+    catalogue.VLLM_QUEUE_DEPTH: Combine.SUM,
+    catalogue.FLEX_HEADROOM_GPUS: Combine.SUM,
+    catalogue.KV_CACHE_USAGE: Combine.MAX,
+    catalogue.KV_CACHE_HIT_RATE: Combine.MIN,
 }
 """Every series one tuning cycle queries (one range-selector query each)."""
 

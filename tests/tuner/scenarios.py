@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime.metrics import catalogue
 from runtime.tuner import signals
 from tests.harness.servers import require_binary
 
@@ -26,13 +27,13 @@ SLOT_S = 3 * 3600
 """Start-to-start distance of scenarios."""
 
 QUIET: dict[str, float] = {
-    signals.CLUSTER_UTILIZATION: 0.50,
-    signals.FLEX_EVICTIONS: 0.5,
-    signals.PROD_PENDING: 0,
-    signals.FLEX_QUEUE: 0,
-    signals.FLEX_HEADROOM: 4,
-    signals.KV_USAGE: 0.60,
-    signals.KV_HIT_RATE: 0.92,
+    catalogue.CLUSTER_GPU_UTILIZATION: 0.50,
+    catalogue.FLEX_EVICTIONS: 0.5,
+    catalogue.PROD_PODS_PENDING: 0,
+    catalogue.VLLM_QUEUE_DEPTH: 0,
+    catalogue.FLEX_HEADROOM_GPUS: 4,
+    catalogue.KV_CACHE_USAGE: 0.60,
+    catalogue.KV_CACHE_HIT_RATE: 0.92,
 }
 """A healthy cluster: every rule is a no-op."""
 
@@ -50,18 +51,22 @@ class Scenario:
 
 SCENARIOS = [
     Scenario("quiet"),
-    Scenario("storm", {signals.FLEX_EVICTIONS: 12, signals.PROD_PENDING: 2}),
-    Scenario("idle", {signals.CLUSTER_UTILIZATION: 0.20, signals.FLEX_QUEUE: 30}),
+    Scenario("storm", {catalogue.FLEX_EVICTIONS: 12, catalogue.PROD_PODS_PENDING: 2}),
+    Scenario("idle", {catalogue.CLUSTER_GPU_UTILIZATION: 0.20, catalogue.VLLM_QUEUE_DEPTH: 30}),
     Scenario(
         "kv_full",
-        {signals.KV_HIT_RATE: 0.60, signals.KV_USAGE: 0.92},
+        {catalogue.KV_CACHE_HIT_RATE: 0.60, catalogue.KV_CACHE_USAGE: 0.92},
         second_workload_hit_rate=0.95,
     ),
-    Scenario("kv_sparse", {signals.KV_HIT_RATE: 0.60, signals.KV_USAGE: 0.30}),
+    Scenario("kv_sparse", {catalogue.KV_CACHE_HIT_RATE: 0.60, catalogue.KV_CACHE_USAGE: 0.30}),
     Scenario(
-        "stale", {signals.CLUSTER_UTILIZATION: 0.20, signals.FLEX_QUEUE: 30}, ends_before_s=600
+        "stale",
+        {catalogue.CLUSTER_GPU_UTILIZATION: 0.20, catalogue.VLLM_QUEUE_DEPTH: 30},
+        ends_before_s=600,
     ),
-    Scenario("nan", {signals.CLUSTER_UTILIZATION: 0.20, signals.FLEX_QUEUE: math.nan}),
+    Scenario(
+        "nan", {catalogue.CLUSTER_GPU_UTILIZATION: 0.20, catalogue.VLLM_QUEUE_DEPTH: math.nan}
+    ),
 ]
 
 
@@ -78,7 +83,7 @@ def _series(scenario: Scenario, index: int) -> Iterator[tuple[str, str, int, flo
         value = scenario.values.get(name, QUIET[name])
         for t in range(start, end + 1, STEP_S):
             yield name, 'cluster="demo-cluster",workload="llama-8b-flex"', t, value
-        if name == signals.KV_HIT_RATE and scenario.second_workload_hit_rate is not None:
+        if name == catalogue.KV_CACHE_HIT_RATE and scenario.second_workload_hit_rate is not None:
             for t in range(start, end + 1, STEP_S):
                 yield (
                     name,
