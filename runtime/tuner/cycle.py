@@ -104,7 +104,8 @@ def run_cycle(
     base_commit = gitrepo.resolve(target.repo, target.base)
     base_text = gitrepo.read_at(target.repo, base_commit, target.policy_path)
     source = f"{target.policy_path}@{base_commit[:12]}"
-    policy = parse_policy(YAML(typ="rt").load(base_text), source)
+    base_document = YAML(typ="rt").load(base_text)
+    policy = parse_policy(base_document, source)
     snapshot = fetch_snapshot(
         client, signals=signals.SIGNALS, at=at, window=settings.window, metrics=metrics
     )
@@ -133,8 +134,8 @@ def run_cycle(
 
     proposal = decision.proposal
     if proposal is not None:
-        new_text = edit_scalars(base_text, proposal.changes)
-        after = parse_policy(YAML(typ="rt").load(new_text), f"{source} (proposed)")
+        new_text, new_document = edit_scalars(base_text, proposal.changes, document=base_document)
+        after = parse_policy(new_document, f"{source} (proposed)")
         if after != apply_changes(policy, proposal.changes):
             raise RuntimeError(f"{target.policy_path}: the edited file differs from the decision")
         branch = prtext.branch_name(proposal, base_text=base_text, new_text=new_text)

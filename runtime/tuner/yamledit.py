@@ -24,10 +24,13 @@ class YamlEditError(Exception):
     """The policy text does not hold the scalar a change names."""
 
 
-def edit_scalars(text: str, changes: Sequence[Change]) -> str:
-    """``text`` with each change's scalar replaced; the rest byte for byte unchanged."""
+def edit_scalars(text: str, changes: Sequence[Change], *, document: Any = None) -> tuple[str, Any]:
+    """``text`` with each change's scalar replaced, the rest byte for byte unchanged, and
+    the edited text's round-trip document. ``document``: ``text`` already loaded (parsing
+    dominates a tuning cycle, so callers pass the one they have)."""
     lines = text.splitlines(keepends=True)
-    document = YAML(typ="rt").load(text)
+    if document is None:
+        document = YAML(typ="rt").load(text)
     for change in changes:
         line, col = _position(document, change)
         match = _SCALAR.match(lines[line], col)
@@ -44,7 +47,7 @@ def edit_scalars(text: str, changes: Sequence[Change]) -> str:
     for change in changes:
         if _lookup(reread, change.path) != change.after:
             raise YamlEditError(f"{change.dotted}: edit did not read back as {change.after}")
-    return edited
+    return edited, reread
 
 
 def _render(change: Change) -> str:

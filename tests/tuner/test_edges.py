@@ -19,7 +19,8 @@ SHIPPED = DEFAULT_POLICY.read_text()
 
 
 def test_splice_changes_only_the_value_and_keeps_comment_column() -> None:
-    out = edit_scalars(SHIPPED, [Change(("elastic", "shed_above"), 0.65, 0.7)])
+    out, document = edit_scalars(SHIPPED, [Change(("elastic", "shed_above"), 0.65, 0.7)])
+    assert document["elastic"]["shed_above"] == 0.7
     changed = [
         (a, b) for a, b in zip(SHIPPED.splitlines(), out.splitlines(), strict=True) if a != b
     ]
