@@ -100,10 +100,12 @@ def tune(
     """Propose policy changes from what Prometheus shows, as git branches with evidence."""
     from runtime.tuner import forge
     from runtime.tuner.cycle import ForgeOptions, Target, run_cycle
+    from runtime.tuner.gitrepo import GitError
     from runtime.tuner.prometheus import connect
     from runtime.tuner.selfmetrics import TunerMetrics
     from runtime.tuner.settings import load_settings
     from runtime.tuner.webhook import Triggers, run_loop, serve
+    from runtime.tuner.yamledit import YamlEditError
 
     logging.basicConfig(
         level=logging.INFO if verbose or not once else logging.WARNING,
@@ -152,7 +154,7 @@ def tune(
         if once:
             try:
                 cycle("once")
-            except ValueError as exc:
+            except (GitError, YamlEditError, ValueError) as exc:
                 raise UsageProblem(str(exc)) from None
             return
         triggers = Triggers()

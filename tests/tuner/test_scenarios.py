@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -238,3 +239,67 @@ def test_dry_run_writes_nothing(scenario_prometheus: Server, policy_repo: Path) 
     assert _tuner_branches(policy_repo) == []
     state = _git(policy_repo, "rev-parse", "--git-common-dir").strip()
     assert not (policy_repo / state / "gpupool-tuner").exists()
+
+
+def test_cli_once_proposes_and_dry_run_prints_the_body(
+    scenario_prometheus: Server, policy_repo: Path
+) -> None:
+    """``gpupool tune --once`` as a process, the way the Deployment and people run it."""
+    at = str(scenarios.evaluation_time("storm"))
+    base = [
+        sys.executable,
+        "-m",
+        "runtime.cli.app",
+        "tune",
+        "--prometheus",
+        scenario_prometheus.url,
+        "--repo",
+        str(policy_repo),
+        "--once",
+        "--at",
+        at,
+    ]
+    dry = subprocess.run([*base, "--dry-run"], capture_output=True, text=True, cwd=REPO)
+    assert dry.returncode == 0, dry.stderr
+    assert "proposal eviction-storm (dry_run)" in dry.stdout
+    assert "## Evidence" in dry.stdout and _tuner_branches(policy_repo) == []
+    done = subprocess.run(base, capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "proposal eviction-storm (created)" in done.stdout
+    assert len(_tuner_branches(policy_repo)) == 1
+
+
+def test_cli_reports_a_repository_without_the_policy(
+    scenario_prometheus: Server, tmp_path: Path
+) -> None:
+    _git(tmp_path, "init", "-q")
+    _git(
+        tmp_path,
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@example.invalid",
+        "commit",
+        "-q",
+        "--allow-empty",
+        "-m",
+        "empty",
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli.app",
+            "tune",
+            "--prometheus",
+            scenario_prometheus.url,
+            "--repo",
+            str(tmp_path),
+            "--once",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 1
+    assert "policy/pool.yaml" in done.stderr and "Traceback" not in done.stderr
