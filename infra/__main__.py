@@ -4,4 +4,4 @@ import pulumi
 
 from infra.program import read_settings, run
 
-run(read_settings(pulumi.Config("gpupool")))
+components = run(read_settings(pulumi.Config("gpupool")))

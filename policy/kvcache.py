@@ -28,6 +28,14 @@ class KvCache(StrictModel):
     """vLLM automatic prefix caching (``--enable-prefix-caching``)."""
     cache_dtype: KvCacheDtype = "auto"
     """vLLM ``--kv-cache-dtype``; ``auto`` follows the model dtype."""
+    kv_preservation: Literal["filesystem", "cpu", "off"] = "filesystem"
+    """How a flex instance keeps its KV across eviction: ``filesystem`` offloads blocks through
+    a host-memory tier to files on the snapshot volume (vLLM OffloadingConnector, tiered spec),
+    so a rescheduled replica finds them; ``cpu`` keeps a host-memory tier only (survives
+    preemption of requests, not of the pod); ``off`` disables offloading."""
+    offload_host_gib: float = Field(16.0, gt=0, le=4096)
+    """Host memory (GiB) of the CPU tier every offloaded block passes through (vLLM
+    ``cpu_bytes_to_use``); must fit in the workload's container memory."""
     compaction_usage_below: Fraction = 0.50
     """Compact (then shrink) when KV block usage stays below this share."""
     compaction_min_interval: Duration = "5m"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from policy.base import DnsLabel, Invariants, Quantity, StrictModel
@@ -16,6 +18,8 @@ class SnapshotVolume(StrictModel):
     """StorageClass; cluster-specific, so pool.yaml must name one (``kubectl get sc``)."""
     access_mode: str = "ReadWriteMany"
     """``ReadWriteMany`` lets a rescheduled replica on another node read the snapshot."""
+    mount_path: str = Field("/var/lib/gpupool/kv-snapshots", pattern=r"^/")
+    """Where the volume is mounted in the vLLM container; root of vLLM's filesystem KV tier."""
 
 
 class Resources(StrictModel):
@@ -25,6 +29,10 @@ class Resources(StrictModel):
     """CPU request and limit."""
     memory: Quantity = "64Gi"
     """Memory request and limit (host RAM; KV lives in GPU memory)."""
+
+
+AttentionBackend = Literal["flash_attn", "triton", "flex", "cpu", "flashmla", "cutlass_mla"]
+"""vLLM attention backends gpupool sizes blocks for; ``runtime.vllm.backends`` has their rules."""
 
 
 class FlexWorkload(StrictModel):
@@ -54,6 +62,11 @@ class FlexWorkload(StrictModel):
     """``--max-num-seqs``: most sequences scheduled at once."""
     startup_timeout_s: int = Field(900, ge=60, le=7200)
     """Longest model download + load before the startup probe restarts the container."""
+    attention_backend: AttentionBackend = "flash_attn"
+    """vLLM attention backend (``--attention-backend``); decides which block sizes are legal.
+
+    ``flash_attn``, ``triton``, ``flex``: multiples of 16 tokens; ``cpu``: multiples of 32;
+    ``flashmla``: 64 (MLA models only); ``cutlass_mla``: 128 (MLA models only)."""
     resources: Resources = Resources()
     """Container CPU and memory."""
     snapshot_volume: SnapshotVolume

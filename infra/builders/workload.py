@@ -20,9 +20,6 @@ from policy.workloads import FlexWorkload
 FLEX_GPU_BUDGET_METRIC = "gpupool_flex_gpu_budget"
 """External metric the HPA reads; its ``workload`` label selects one workload's budget."""
 
-SNAPSHOT_MOUNT_PATH = "/var/lib/gpupool/kv-snapshots"
-"""Where the KV-snapshot volume is mounted in the vLLM container."""
-
 CACHE_MOUNT_PATH = "/var/lib/gpupool/cache"
 """Writable home for model downloads and compiler caches (the root filesystem is the image's)."""
 
@@ -192,7 +189,7 @@ def _vllm_container(
         "env": [
             {"name": "HOME", "value": CACHE_MOUNT_PATH},
             {"name": "HF_HOME", "value": f"{CACHE_MOUNT_PATH}/huggingface"},
-            {"name": "GPUPOOL_KV_SNAPSHOT_DIR", "value": SNAPSHOT_MOUNT_PATH},
+            {"name": "GPUPOOL_KV_SNAPSHOT_DIR", "value": workload.snapshot_volume.mount_path},
         ],
         "resources": {"requests": dict(limits), "limits": limits},
         "startupProbe": probe
@@ -210,7 +207,7 @@ def _vllm_container(
             "capabilities": {"drop": ["ALL"]},
         },
         "volumeMounts": [
-            {"name": "kv-snapshots", "mountPath": SNAPSHOT_MOUNT_PATH},
+            {"name": "kv-snapshots", "mountPath": workload.snapshot_volume.mount_path},
             {"name": "cache", "mountPath": CACHE_MOUNT_PATH},
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],

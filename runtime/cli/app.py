@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from runtime.cli import alerts_commands, policy_commands, tuner_commands
+from runtime.cli import alerts_commands, infra_commands, policy_commands, tuner_commands
 
 app = typer.Typer(
     name="gpupool",
@@ -17,6 +17,7 @@ app = typer.Typer(
 )
 policy_commands.register(app)
 alerts_commands.register(app)
+infra_commands.register(app)
 tuner_commands.register(app)
 
 

@@ -42,5 +42,5 @@ def two_workloads() -> PoolPolicy:
 
 
 def explicit_args(policy: PoolPolicy) -> dict[str, list[str]]:
-    """Stand-in vLLM args (the builders pass them through verbatim; runtime.vllm makes real ones)."""
+    """Stand-in vLLM args: builders pass them through verbatim (runtime.vllm makes real ones)."""
     return {w.name: ["--model", w.model, "--port", str(w.port)] for w in policy.workloads}

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from infra.builders.meta import Manifest
-from infra.builders.workload import FLEX_GPU_BUDGET_METRIC, SNAPSHOT_MOUNT_PATH
+from infra.builders.workload import FLEX_GPU_BUDGET_METRIC
 from infra.bundle import MissingVllmArgs, build_bundle, build_groups
 from policy import PoolPolicy, load_policy
 from tests.infra.policies import explicit_args, policy_with, two_workloads
@@ -40,7 +40,13 @@ def test_priority_classes_follow_the_tiers() -> None:
 
 
 def test_flex_deployment_scheduling_and_shutdown() -> None:
-    policy = policy_with({"disruption.termination_grace_s": 120, "disruption.prestop_delay_s": 7})
+    policy = policy_with(
+        {
+            "disruption.termination_grace_s": 120,
+            "disruption.prestop_delay_s": 7,
+            "workloads.0.snapshot_volume.mount_path": "/kv",
+        }
+    )
     objs = _bundle(policy)
     workload = policy.workloads[0]
     pod = _one(objs, "Deployment", workload.name)["spec"]["template"]["spec"]
@@ -64,7 +70,7 @@ def test_flex_deployment_scheduling_and_shutdown() -> None:
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert mounts["kv-snapshots"] == SNAPSHOT_MOUNT_PATH
+    assert mounts["kv-snapshots"] == "/kv"
     claim = next(v for v in pod["volumes"] if v["name"] == "kv-snapshots")
     pvc = _one(objs, "PersistentVolumeClaim", claim["persistentVolumeClaim"]["claimName"])
     assert pvc["spec"]["storageClassName"] == workload.snapshot_volume.storage_class

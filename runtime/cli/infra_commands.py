@@ -1,0 +1,99 @@
+"""``render``, ``diff`` and ``demo``: the bundle as reviewable YAML, and what a change changes."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from infra.builders.nodepools import Target
+from infra.bundle import build_bundle
+from infra.diff import diff_documents
+from infra.inputs import load_inputs
+from infra.output import write_documents
+from infra.render import render_documents
+from infra.summary import summarize
+from policy import DEFAULT_POLICY
+from runtime.cli.errors import reported_errors
+
+console = Console(highlight=False)
+
+PolicyFile = Annotated[
+    Path, typer.Argument(help="Policy file (default: the embedded policy/pool.yaml).")
+]
+TargetOption = Annotated[
+    Target,
+    typer.Option("--target", "-t", help="Node-pool target: labels (existing nodes) or karpenter."),
+]
+OutOption = Annotated[Path, typer.Option("--out", "-o", help="Directory to write the YAML into.")]
+
+
+def rendered(file: Path, target: Target) -> dict[str, str]:
+    """Load, validate and render one policy file (relative file name -> YAML)."""
+    inputs = load_inputs(file)
+    return render_documents(build_bundle(inputs.policy, target=target, vllm_args=inputs.vllm_args))
+
+
+def render(
+    file: PolicyFile = DEFAULT_POLICY,
+    out: OutOption = Path("build"),
+    target: TargetOption = "labels",
+) -> None:
+    """Write every object as YAML, one file each, byte-identical for the same policy."""
+    with reported_errors():
+        documents = rendered(file, target)
+        result = write_documents(out, documents)
+    console.print(
+        f"{out}: {len(documents)} files ({len(result.written)} written, "
+        f"{len(result.unchanged)} unchanged, {len(result.removed)} stale removed)",
+        markup=False,
+    )
+
+
+def diff(
+    old: Annotated[Path, typer.Argument(help="Policy before the change.")],
+    new: Annotated[Path, typer.Argument(help="Policy after the change.")],
+    target: TargetOption = "labels",
+    exit_code: Annotated[
+        bool, typer.Option("--exit-code", help="Exit 1 when the renders differ (like git diff).")
+    ] = False,
+) -> None:
+    """Render both policies and print the object-level difference (exit 0 unless --exit-code)."""
+    with reported_errors():
+        text = diff_documents(rendered(old, target), rendered(new, target))
+    typer.echo(text or "no differences", nl=not text)
+    if text and exit_code:
+        raise typer.Exit(1)
+
+
+def demo(
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Directory (default: a new temp dir).")
+    ] = None,
+    target: TargetOption = "labels",
+) -> None:
+    """Validate and render the embedded default policy, then summarise what it declares."""
+    with reported_errors():
+        inputs = load_inputs(DEFAULT_POLICY)
+        objects = build_bundle(inputs.policy, target=target, vllm_args=inputs.vllm_args)
+        folder = out or Path(tempfile.mkdtemp(prefix="gpupool-demo-"))
+        write_documents(folder, render_documents(objects))
+    for table in summarize(inputs.policy, objects):
+        rich_table = RichTable(*table.columns, title=table.title, title_justify="left")
+        for row in table.rows:
+            rich_table.add_row(*row)
+        console.print(rich_table)
+    console.print(
+        f"{DEFAULT_POLICY}: valid; {len(objects)} objects ({target} target) rendered to {folder}",
+        markup=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(render)
+    app.command()(diff)
+    app.command()(demo)

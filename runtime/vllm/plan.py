@@ -1,0 +1,349 @@
+"""Policy + model -> the exact vLLM 0.32 KV-cache arguments, every number with its reason.
+
+Pure: ``plan_kv_cache`` takes typed inputs and returns a ``KvCachePlan``; ``serve_args`` renders
+the plan as the flex container's arguments. The flex Deployment, ``gpupool vllm-args`` and the
+test engine all call these two functions, so the arguments have one source.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy import PoolPolicy
+from policy.workloads import AttentionBackend, FlexWorkload
+from runtime.vllm.backends import BlockRule, block_rule, check_block_size
+from runtime.vllm.model_spec import DTYPE_BYTES, ModelSpec
+
+GIB = 1024**3
+
+
+class KvPlanError(ValueError):
+    """Policy, model and GPU do not fit together; says which values and which limit."""
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """One derived number as the table shows it: name, value, and how it was obtained."""
+
+    name: str
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
+class KvCachePlan:
+    """Every number behind the vLLM arguments of one flex workload on one GPU type."""
+
+    model_path: str
+    """``--model``: what the container serves."""
+    port: int
+    backend: BlockRule
+    tensor_parallel: int
+    gpu_memory_bytes: int
+    kv_dtype: str
+    """Resolved KV element type (``auto`` resolved to the model dtype)."""
+    kv_dtype_flag: str
+    """``--kv-cache-dtype`` as passed (the policy's value)."""
+    bytes_per_token_per_layer: int
+    """KV bytes one token takes in one layer on one rank."""
+    page_bytes_target: int
+    ideal_block_tokens: float
+    block_size: int
+    weight_bytes: int
+    activation_reserve_bytes: int
+    share_cap_bytes: int
+    """KV may take at most ``max_gpu_memory_share`` of the GPU."""
+    left_after_weights_bytes: int
+    """GPU memory minus weights minus the activation reserve."""
+    kv_cache_bytes: int
+    num_layers: int
+    max_model_len: int
+    max_num_seqs: int
+    prefix_caching: bool
+    shutdown_timeout_s: int
+    kv_transfer_config: dict[str, Any] | None
+    preservation_note: str
+    engine_env: dict[str, str] = field(default_factory=dict)
+    """Environment the engine needs for these arguments to mean what they say."""
+
+    @property
+    def page_bytes_per_layer(self) -> int:
+        """Bytes of one block in one layer: vLLM's ``page_size_bytes``."""
+        return self.bytes_per_token_per_layer * self.block_size
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block across all layers: the unit vLLM divides the KV budget by."""
+        return self.page_bytes_per_layer * self.num_layers
+
+    @property
+    def target_expressible(self) -> bool:
+        """Whether some legal block size gives exactly the policy's page-bytes target."""
+        per_token = self.bytes_per_token_per_layer
+        if self.page_bytes_target % per_token:
+            return False
+        return self.backend.allows(self.page_bytes_target // per_token)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks vLLM allocates: ``kv_cache_bytes // block_bytes`` (kv_cache_utils.py)."""
+        return self.kv_cache_bytes // self.block_bytes
+
+    @property
+    def max_concurrent_tokens(self) -> int:
+        """Tokens all running sequences together can hold in the cache."""
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_full_length_sequences(self) -> float:
+        """How many ``max_model_len`` sequences fit at once (vLLM logs this as max concurrency)."""
+        return self.max_concurrent_tokens / self.max_model_len
+
+    @property
+    def weight_bound(self) -> bool:
+        """True when weights, not the share cap, limit the KV budget."""
+        return self.left_after_weights_bytes < self.share_cap_bytes
+
+    def derivations(self) -> list[Derivation]:
+        """Each derived number and the arithmetic behind it, in the order they depend."""
+        rule, per_token = self.backend, self.bytes_per_token_per_layer
+        target_note = (
+            f"{self.page_bytes_target} B is exactly {self.page_bytes_target // per_token} tokens"
+            if self.target_expressible
+            else f"{self.page_bytes_target} B/page is NOT expressible: it would be "
+            f"{self.ideal_block_tokens:g} tokens, and {rule.vllm_name} needs {rule.describe()}"
+        )
+        bound = (
+            "weights bound: GPU - weights - activation reserve < share cap"
+            if self.weight_bound
+            else "share cap bound: min(share cap, GPU - weights - activation reserve)"
+        )
+        return [
+            Derivation(
+                "KV bytes per token per layer",
+                f"{self.bytes_per_token_per_layer:,}",
+                f"kv heads per rank x (K+V or MLA latent width) x {self.kv_dtype} bytes",
+            ),
+            Derivation("ideal block (tokens)", f"{self.ideal_block_tokens:g}", target_note),
+            Derivation(
+                "--block-size",
+                str(self.block_size),
+                f"nearest to {self.ideal_block_tokens:g} that {rule.vllm_name} accepts "
+                f"({rule.describe()})",
+            ),
+            Derivation(
+                "page bytes per layer",
+                f"{self.page_bytes_per_layer:,}",
+                f"{self.bytes_per_token_per_layer:,} B x {self.block_size} tokens",
+            ),
+            Derivation(
+                "block bytes, all layers",
+                f"{self.block_bytes:,}",
+                f"{self.page_bytes_per_layer:,} B x {self.num_layers} layers",
+            ),
+            Derivation(
+                "weights per GPU",
+                _gib(self.weight_bytes),
+                f"estimated parameters x dtype bytes / TP {self.tensor_parallel}",
+            ),
+            Derivation(
+                "activation reserve",
+                _gib(self.activation_reserve_bytes),
+                "kv_cache.activation_reserve_share x GPU memory",
+            ),
+            Derivation(
+                "KV share cap",
+                _gib(self.share_cap_bytes),
+                "kv_cache.max_gpu_memory_share x GPU memory",
+            ),
+            Derivation("--kv-cache-memory-bytes", f"{self.kv_cache_bytes:,}", bound),
+            Derivation(
+                "KV blocks",
+                f"{self.num_blocks:,}",
+                f"{self.kv_cache_bytes:,} // {self.block_bytes:,} (vLLM's own division)",
+            ),
+            Derivation(
+                "max concurrent tokens",
+                f"{self.max_concurrent_tokens:,}",
+                f"{self.num_blocks:,} blocks x {self.block_size} tokens = "
+                f"{self.max_full_length_sequences:.1f} sequences of max_model_len",
+            ),
+            Derivation(
+                "--shutdown-timeout",
+                str(self.shutdown_timeout_s),
+                "disruption.drain_s: SIGTERM drains in-flight requests this long",
+            ),
+            Derivation(
+                "--kv-transfer-config",
+                "set" if self.kv_transfer_config else "none",
+                self.preservation_note,
+            ),
+        ]
+
+
+def plan_kv_cache(
+    policy: PoolPolicy,
+    workload: FlexWorkload,
+    model: ModelSpec,
+    *,
+    gpu_memory_bytes: int | None = None,
+    backend: AttentionBackend | None = None,
+    tensor_parallel: int | None = None,
+) -> KvCachePlan:
+    """Size the paged KV cache of ``workload`` serving ``model``.
+
+    GPU memory defaults to the workload's node pool (``gpu_memory_gib``), the backend to
+    ``workload.attention_backend`` and tensor parallelism to ``workload.gpus_per_replica``.
+    Raises ``KvPlanError``/``BackendError`` before anything starts when they cannot fit.
+    """
+    kv = policy.kv_cache
+    tp = tensor_parallel or workload.gpus_per_replica
+    pool = next(p for p in policy.node_pools if p.name == workload.pool)
+    gpu_bytes = gpu_memory_bytes or int(pool.gpu_memory_gib * GIB)
+    rule = block_rule(backend or workload.attention_backend, model.mla is not None)
+    kv_dtype = model.dtype if kv.cache_dtype == "auto" else kv.cache_dtype
+    per_token = model.kv_heads_per_rank(tp) * model.kv_width * DTYPE_BYTES[kv_dtype]
+    ideal = kv.page_bytes_target / per_token
+    block_size = rule.nearest(ideal)
+    check_block_size(rule, block_size)
+    _check_model_fits(workload, model, tp)
+
+    weights = model.weight_bytes_per_rank(tp)
+    reserve = int(kv.activation_reserve_share * gpu_bytes)
+    cap = int(kv.max_gpu_memory_share * gpu_bytes)
+    left = gpu_bytes - weights - reserve
+    block_bytes = per_token * block_size * model.num_layers
+    kv_bytes = min(cap, left) // block_bytes * block_bytes
+    needed = -(-workload.max_model_len // block_size) * block_bytes
+    if kv_bytes < needed:
+        raise KvPlanError(
+            f"{model.source}: KV cache gets {_gib(max(kv_bytes, 0))} = min(share cap "
+            f"{kv.max_gpu_memory_share} x {_gib(gpu_bytes)}, GPU {_gib(gpu_bytes)} - weights "
+            f"{_gib(weights)} - activation reserve {_gib(reserve)}), but one sequence of "
+            f"max_model_len {workload.max_model_len} needs {_gib(needed)}; use more GPUs per "
+            "replica (tensor parallel), a larger GPU, or a shorter max_model_len"
+        )
+    transfer, note = _preservation(policy, workload, rule)
+    return KvCachePlan(
+        model_path=workload.model,
+        port=workload.port,
+        backend=rule,
+        tensor_parallel=tp,
+        gpu_memory_bytes=gpu_bytes,
+        kv_dtype=kv_dtype,
+        kv_dtype_flag=kv.cache_dtype,
+        bytes_per_token_per_layer=per_token,
+        page_bytes_target=kv.page_bytes_target,
+        ideal_block_tokens=round(ideal, 3),
+        block_size=block_size,
+        weight_bytes=weights,
+        activation_reserve_bytes=reserve,
+        share_cap_bytes=cap,
+        left_after_weights_bytes=left,
+        kv_cache_bytes=kv_bytes,
+        num_layers=model.num_layers,
+        max_model_len=workload.max_model_len,
+        max_num_seqs=workload.max_num_seqs,
+        prefix_caching=kv.prefix_caching,
+        shutdown_timeout_s=policy.disruption.drain_s,
+        kv_transfer_config=transfer,
+        preservation_note=note,
+        engine_env=_engine_env(rule),
+    )
+
+
+def render_args(plan: KvCachePlan) -> list[str]:
+    """The container arguments of a plan, in a fixed order (reviewable diffs)."""
+    args = [
+        "--model",
+        plan.model_path,
+        "--port",
+        str(plan.port),
+        "--attention-backend",
+        plan.backend.vllm_name,
+        "--block-size",
+        str(plan.block_size),
+        "--kv-cache-memory-bytes",
+        str(plan.kv_cache_bytes),
+        "--enable-prefix-caching" if plan.prefix_caching else "--no-enable-prefix-caching",
+        "--kv-cache-dtype",
+        plan.kv_dtype_flag,
+        "--max-num-seqs",
+        str(plan.max_num_seqs),
+        "--max-model-len",
+        str(plan.max_model_len),
+        "--tensor-parallel-size",
+        str(plan.tensor_parallel),
+        "--shutdown-timeout",
+        str(plan.shutdown_timeout_s),
+    ]
+    if plan.kv_transfer_config is not None:
+        args += ["--kv-transfer-config", json.dumps(plan.kv_transfer_config, sort_keys=True)]
+    return args
+
+
+def serve_args(policy: PoolPolicy, workload: FlexWorkload, model: ModelSpec) -> list[str]:
+    """The flex container's vLLM arguments for ``workload`` (one source for every consumer)."""
+    return render_args(plan_kv_cache(policy, workload, model))
+
+
+def _check_model_fits(workload: FlexWorkload, model: ModelSpec, tp: int) -> None:
+    if workload.max_model_len > model.max_position_embeddings:
+        raise KvPlanError(
+            f"{workload.name}: max_model_len {workload.max_model_len} exceeds the model's "
+            f"max_position_embeddings {model.max_position_embeddings} ({model.source})"
+        )
+    if model.mla is None and model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise KvPlanError(
+            f"{workload.name}: tensor parallel {tp} neither divides nor is a multiple of the "
+            f"model's {model.num_kv_heads} KV heads ({model.source}); vLLM cannot shard them"
+        )
+
+
+def _preservation(
+    policy: PoolPolicy, workload: FlexWorkload, rule: BlockRule
+) -> tuple[dict[str, Any] | None, str]:
+    """vLLM's OffloadingConnector config that keeps KV across eviction (see docs/vllm.md)."""
+    mode = policy.kv_cache.kv_preservation
+    if mode == "off":
+        return None, "kv_cache.kv_preservation is off"
+    if rule.vllm_name.startswith("CPU"):
+        return None, (
+            "CPU backend: the KV already lives in host memory and vLLM's offloading worker "
+            "needs CUDA/XPU tensors (kv_offload/cpu/gpu_worker.py), so no connector"
+        )
+    extra: dict[str, Any] = {"cpu_bytes_to_use": int(policy.kv_cache.offload_host_gib * GIB)}
+    if mode == "cpu":
+        return _connector(extra), (
+            f"OffloadingConnector, CPU tier of {policy.kv_cache.offload_host_gib:g} GiB "
+            "(survives request preemption, not pod eviction)"
+        )
+    root = workload.snapshot_volume.mount_path
+    extra |= {
+        "spec_name": "TieringOffloadingSpec",
+        "secondary_tiers": [{"type": "fs", "root_dir": root}],
+    }
+    return _connector(extra), (
+        f"OffloadingConnector + TieringOffloadingSpec: {policy.kv_cache.offload_host_gib:g} GiB "
+        f"host tier, files under {root} (snapshot PVC) so a rescheduled replica finds its KV"
+    )
+
+
+def _connector(extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def _engine_env(rule: BlockRule) -> dict[str, str]:
+    """On CPU the legacy ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB) overrides
+    ``--kv-cache-memory-bytes`` when set (vllm/platforms/cpu.py); empty makes vLLM ignore it."""
+    return {"VLLM_CPU_KVCACHE_SPACE": ""} if rule.vllm_name.startswith("CPU") else {}
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.2f} GiB"

@@ -1,0 +1,151 @@
+"""``render``, ``diff``, ``demo`` and the bad-input contract of ``validate``/``render``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+from typer.testing import CliRunner
+
+from infra.output import MANIFEST
+from infra.render import KUSTOMIZATION
+from policy import DEFAULT_POLICY
+from runtime.cli.app import app
+from tests.infra.policies import edited
+
+runner = CliRunner()
+
+
+def write_policy(tmp_path: Path, doc: Any, name: str = "pool.yaml") -> Path:
+    """A policy file beside a copy of the model configs it names."""
+    path = tmp_path / name
+    with path.open("w") as fh:
+        YAML(typ="rt").dump(doc, fh)
+    models = tmp_path / "models"
+    models.mkdir(exist_ok=True)
+    for config in (DEFAULT_POLICY.parent / "models").iterdir():
+        (models / config.name).write_text(config.read_text())
+    return path
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_render_writes_every_object_and_is_deterministic(tmp_path: Path) -> None:
+    out = tmp_path / "build"
+    first = runner.invoke(app, ["render", str(DEFAULT_POLICY), "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    before = _tree(out)
+    assert "gpupool-flex/deployment-llama-8b-flex.yaml" in before
+    assert KUSTOMIZATION in before and MANIFEST in before
+    second = runner.invoke(app, ["render", str(DEFAULT_POLICY), "--out", str(out)])
+    assert second.exit_code == 0
+    assert _tree(out) == before
+    assert f"{len(before) - 1} unchanged" in second.output
+
+
+def test_render_karpenter_target_and_stale_cleanup(tmp_path: Path) -> None:
+    out = tmp_path / "build"
+    assert runner.invoke(app, ["render", "--out", str(out)]).exit_code == 0
+    result = runner.invoke(app, ["render", "--out", str(out), "--target", "karpenter"])
+    assert result.exit_code == 0, result.output
+    assert (out / "_cluster/nodepool-gpu-flex.yaml").is_file()
+    assert not (out / "_cluster/node-gpupool-worker2.yaml").exists()
+    assert "2 stale removed" in result.output
+
+
+def test_render_rejects_an_unknown_target(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["render", "--out", str(tmp_path), "--target", "gke"])
+    assert result.exit_code != 0
+    assert not any(tmp_path.iterdir())
+
+
+def test_diff_prints_object_level_changes(tmp_path: Path) -> None:
+    old = write_policy(tmp_path, edited(), "old.yaml")
+    new = write_policy(
+        tmp_path, edited({"autoscaling.scale_down_stabilization_s": 600}), "new.yaml"
+    )
+    result = runner.invoke(app, ["diff", str(old), str(new)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("0 added, 0 removed, 1 changed\n")
+    assert "~ gpupool-flex/horizontalpodautoscaler-llama-8b-flex.yaml" in result.output
+    assert "-      stabilizationWindowSeconds: 300" in result.output
+    assert "+      stabilizationWindowSeconds: 600" in result.output
+    assert runner.invoke(app, ["diff", str(old), str(new), "--exit-code"]).exit_code == 1
+    same = runner.invoke(app, ["diff", str(old), str(old), "--exit-code"])
+    assert (same.exit_code, same.output) == (0, "no differences\n")
+
+
+def test_demo_validates_renders_and_summarises(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["demo", "--out", str(tmp_path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for word in ("gpu-prod", "gpu-flex", "gpupool-idle-inference", "llama-8b-flex", "Objects (18)"):
+        assert word in result.output
+    assert "HPA up 180 s / down 300 s" in result.output
+    assert (tmp_path / "gpupool-flex/horizontalpodautoscaler-llama-8b-flex.yaml").is_file()
+
+
+BAD_INPUTS = {
+    "unknown key": (
+        DEFAULT_POLICY.read_text().replace(
+            "  name: demo-cluster\n", "  name: demo-cluster\n  bogus: 1\n"
+        ),
+        "  bogus: 1",
+        "cluster.bogus: unknown field",
+    ),
+    "wrong type": (
+        DEFAULT_POLICY.read_text().replace("max_replicas: 8", "max_replicas: many"),
+        "    max_replicas: many",
+        "workloads.0.max_replicas: Input should be a valid integer",
+    ),
+    "invalid yaml": ("cluster:\n  name: [unclosed\nnode_pools: 1\n", None, "invalid YAML"),
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_located_line(tmp_path: Path, command: str, case: str) -> None:
+    text, key_line, words = BAD_INPUTS[case]
+    source = tmp_path / "pool.yaml"
+    source.write_text(text)
+    out = tmp_path / "build"
+    args = [command, str(source)] + (["--out", str(out)] if command == "render" else [])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.output.splitlines() if ln.startswith(f"{source}:")]
+    assert lines, result.output
+    match = re.match(rf"{re.escape(str(source))}:(\d+): ", lines[0])
+    assert match, lines[0]
+    assert words in lines[0]
+    if key_line is not None:  # a valid document with one bad field: exactly that line
+        assert int(match.group(1)) == text.splitlines().index(key_line) + 1
+        assert len(result.output.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["validate", "render", "diff"])
+def test_missing_file(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "nope.yaml"
+    args = [command, str(missing)] + ([str(missing)] if command == "diff" else [])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[0] == f"{missing}:0: file not found"
+    assert "Traceback" not in result.output
+
+
+def test_missing_model_config_points_at_the_workload(tmp_path: Path) -> None:
+    source = write_policy(tmp_path, edited({"workloads.0.hf_config": "models/absent.json"}))
+    result = runner.invoke(app, ["render", str(source), "--out", str(tmp_path / "build")])
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    workload_line = source.read_text().splitlines().index("- name: llama-8b-flex") + 1
+    assert line.startswith(f"{source}:{workload_line}: workloads.0: ")
+    assert "absent.json" in line and "not found" in line
+    assert not (tmp_path / "build").exists()

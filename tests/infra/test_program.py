@@ -1,0 +1,206 @@
+"""The Pulumi program under Pulumi's mocks registers exactly the rendered object set.
+
+FACTS.md: set the mocks before the program module is imported; ``@pulumi.runtime.test``
+functions return an Output that the decorator awaits. The recorder keeps every registration.
+"""
+
+from __future__ import annotations
+
+import runpy
+from typing import Any
+
+import pulumi
+import pytest
+
+
+class Recorder(pulumi.runtime.Mocks):
+    """Keeps (type token, logical name, inputs) of every resource the program registers."""
+
+    def __init__(self) -> None:
+        self.registered: list[tuple[str, str, dict[str, Any]]] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.registered.append((args.typ, args.name, dict(args.inputs)))
+        return f"{args.name}-id", dict(args.inputs)
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        return {}
+
+
+RECORDER = Recorder()
+pulumi.runtime.set_mocks(RECORDER, preview=False)
+
+from infra.builders.meta import Manifest  # noqa: E402 (after set_mocks, as Pulumi requires)
+from infra.bundle import INFERENCE_WORKLOAD, build_bundle, build_groups  # noqa: E402
+from infra.program import PROJECT_ROOT, declare_groups, read_settings  # noqa: E402
+from policy import PoolPolicy, load_policy  # noqa: E402
+from tests.infra.policies import explicit_args, two_workloads  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_recorder() -> Recorder:
+    """Other test modules may install their own mocks: reinstall ours, emptied, per test."""
+    RECORDER.registered.clear()
+    pulumi.runtime.set_mocks(RECORDER, preview=False)
+    return RECORDER
+
+
+def token(obj: Manifest) -> str:
+    """The pulumi-kubernetes type token an object must be registered under."""
+    api = obj["apiVersion"] if "/" in obj["apiVersion"] else f"core/{obj['apiVersion']}"
+    kind = f"{obj['kind']}Patch" if obj["kind"] == "Node" else obj["kind"]
+    return f"kubernetes:{api}:{kind}"
+
+
+def identity(typ: str, inputs: dict[str, Any]) -> tuple[str, str | None, str]:
+    return typ, inputs["metadata"].get("namespace"), inputs["metadata"]["name"]
+
+
+def kubernetes_registrations() -> dict[tuple[str, str | None, str], dict[str, Any]]:
+    found = {}
+    for typ, _name, inputs in RECORDER.registered:
+        if typ.startswith("kubernetes:"):
+            key = identity(typ, inputs)
+            assert key not in found, f"registered twice: {key}"
+            found[key] = inputs
+    return found
+
+
+def check_registered_equals_bundle(policy: PoolPolicy, target: str) -> None:
+    objects = build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    registered = kubernetes_registrations()
+    expected = {identity(token(o), o): o for o in objects}
+    assert set(registered) == set(expected)
+    for key, obj in expected.items():
+        fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+        got = {k: v for k, v in registered[key].items() if k not in ("apiVersion", "kind")}
+        assert got == fields, key
+
+
+def _declare(policy: PoolPolicy, target: str) -> pulumi.Output[list[str]]:
+    groups = build_groups(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    components = declare_groups(groups)
+    urns = [r.urn for c in components for r in c.resources.values()]
+    return pulumi.Output.all(*urns)
+
+
+@pytest.mark.parametrize("target", ["labels", "karpenter"])
+@pulumi.runtime.test
+def test_program_registers_exactly_the_bundle(target: str) -> pulumi.Output[None]:
+    policy = two_workloads()
+    return _declare(policy, target).apply(lambda _: check_registered_equals_bundle(policy, target))
+
+
+@pulumi.runtime.test
+def test_workloads_are_components_with_named_children() -> pulumi.Output[None]:
+    policy = two_workloads()
+    groups = build_groups(policy, target="labels", vllm_args=explicit_args(policy))
+    components = declare_groups(groups)
+    workloads = {
+        c.group_name: c for c in components if c.group_name in {"llama-8b-flex", "qwen-14b-flex"}
+    }
+
+    def check(args: list[Any]) -> None:
+        urns, url = args[:-1], args[-1]
+        for suffix, typ in (
+            ("pdb", "kubernetes:policy/v1:PodDisruptionBudget"),
+            ("hpa", "kubernetes:autoscaling/v2:HorizontalPodAutoscaler"),
+            ("deployment", "kubernetes:apps/v1:Deployment"),
+            ("svc", "kubernetes:core/v1:Service"),
+        ):
+            assert any(
+                u.endswith(f"{INFERENCE_WORKLOAD}${typ}::qwen-14b-flex-{suffix}") for u in urns
+            ), suffix
+        assert url == "http://qwen-14b-flex.gpupool-flex.svc:8001"
+        components_registered = [
+            (t, n) for t, n, _ in RECORDER.registered if not t.startswith("kubernetes:")
+        ]
+        assert (INFERENCE_WORKLOAD, "qwen-14b-flex") in components_registered
+        assert ("gpupool:cluster:Scheduling", "scheduling") in components_registered
+
+    qwen = workloads["qwen-14b-flex"]
+    return pulumi.Output.all(*[r.urn for r in qwen.resources.values()], qwen.service_url).apply(
+        check
+    )
+
+
+@pulumi.runtime.test
+def test_key_fields_as_registered() -> pulumi.Output[None]:
+    policy = load_policy()
+
+    def check(_: Any) -> None:
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for typ, _name, inputs in RECORDER.registered:
+            by_kind.setdefault(typ.rsplit(":", 1)[-1], []).append(inputs)
+        values = {p["metadata"]["name"]: p["value"] for p in by_kind["PriorityClass"]}
+        assert values == {
+            "gpupool-production": 1_000_000,
+            "gpupool-training": 100_000,
+            "gpupool-idle-inference": -1,
+        }
+        (hpa,) = by_kind["HorizontalPodAutoscaler"]
+        assert hpa["spec"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 180
+        assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+        flex = next(d for d in by_kind["Deployment"] if d["metadata"]["name"] == "llama-8b-flex")
+        pod = flex["spec"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == policy.disruption.termination_grace_s >= 30
+        assert pod["priorityClassName"] == "gpupool-idle-inference"
+        term = pod["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ][0]
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        (pdb,) = by_kind["PodDisruptionBudget"]
+        assert pdb["spec"]["minAvailable"] == policy.disruption.pdb_min_available
+        assert pdb["spec"]["selector"] == flex["spec"]["selector"]
+        assert len(by_kind["NodePatch"]) == sum(len(p.nodes) for p in policy.node_pools)
+
+    return _declare(policy, "labels").apply(check)
+
+
+class FakeConfig:
+    """``pulumi.Config``'s ``get``, from a dict (read_settings takes the config as a parameter)."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, key: str) -> str | None:
+        return self.values.get(key)
+
+
+def test_settings_resolve_the_policy_against_the_project_root() -> None:
+    settings = read_settings(FakeConfig({"policy": "policy/pool.yaml", "target": "karpenter"}))  # type: ignore[arg-type]
+    assert settings.policy_path == PROJECT_ROOT / "policy/pool.yaml"
+    assert settings.target == "karpenter"
+    assert (PROJECT_ROOT / "Pulumi.yaml").is_file()
+    defaults = read_settings(FakeConfig({}))  # type: ignore[arg-type]
+    assert (defaults.target, defaults.policy_path.name) == ("labels", "pool.yaml")
+    with pytest.raises(ValueError, match="gpupool:target must be one of"):
+        read_settings(FakeConfig({"target": "gke"}))  # type: ignore[arg-type]
+
+
+@pulumi.runtime.test
+def test_main_program_reads_stack_config_and_declares_the_policy() -> pulumi.Output[None]:
+    """``infra/__main__.py`` end to end: stack config -> policy file -> vLLM args -> resources."""
+    pulumi.runtime.set_all_config(
+        {"gpupool:policy": "policy/pool.yaml", "gpupool:target": "karpenter"}
+    )
+    try:
+        program = runpy.run_path(str(PROJECT_ROOT / "infra" / "__main__.py"), run_name="__main__")
+    finally:
+        pulumi.runtime.set_all_config({})
+    policy = load_policy()
+
+    def check(_: Any) -> None:
+        types = [t for t, _, _ in RECORDER.registered]
+        assert types.count("kubernetes:karpenter.sh/v1:NodePool") == len(policy.node_pools)
+        flex = next(
+            i
+            for t, _, i in RECORDER.registered
+            if t == "kubernetes:apps/v1:Deployment" and i["metadata"]["name"] == "llama-8b-flex"
+        )
+        args = flex["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[:2] == ["--model", policy.workloads[0].model]
+        assert "--block-size" in args and "--shutdown-timeout" in args
+
+    urns = [r.urn for c in program["components"] for r in c.resources.values()]
+    return pulumi.Output.all(*urns).apply(check)
