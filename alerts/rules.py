@@ -29,7 +29,7 @@ def alert(
     tuner_trigger: bool = False,
 ) -> Rule:
     """An alerting rule whose ``for:`` and ``severity`` come from the policy's ``knobs``."""
-    labels = {"severity": knobs.severity}
+    labels: dict[str, str] = {"severity": knobs.severity}
     if tuner_trigger:
         labels[TUNER_LABEL] = "true"
     return {
