@@ -90,6 +90,7 @@ def git_repo(root: Path) -> Path:
     repo = root / "repo"
     (repo / "policy").mkdir(parents=True)
     shutil.copy(REPO / "policy" / "pool.yaml", repo / "policy" / "pool.yaml")
+    shutil.copytree(REPO / "policy" / "models", repo / "policy" / "models")
     for args in (
         ["init", "-q"],
         ["add", "."],

@@ -11,6 +11,7 @@ from pathlib import Path
 from prometheus_api_client import PrometheusConnect
 from ruamel.yaml import YAML
 
+from infra.builders.nodepools import Target as NodePoolTarget
 from policy import parse_policy
 from runtime.tuner import compaction, forge, gitrepo, prtext, signals
 from runtime.tuner.decisions import CycleDecision, apply_changes, decide
@@ -33,6 +34,8 @@ class Target:
     """Policy file, relative to the repository root."""
     base: str = "HEAD"
     """Ref the proposal branches from (and the PR's base)."""
+    render_target: NodePoolTarget = "labels"
+    """Node-pool target the PR's manifest diff is rendered for (as ``gpupool diff -t``)."""
 
     @property
     def tuner_dir(self) -> Path:
@@ -145,7 +148,15 @@ def run_cycle(
             at=at,
             window=settings.window,
             policy_path=target.policy_path,
-            manifest_diff=manifest_diff(policy, after),
+            manifest_diff=manifest_diff(
+                target.repo,
+                base_commit=base_commit,
+                policy_path=target.policy_path,
+                policy=policy,
+                base_text=base_text,
+                new_text=new_text,
+                target=target.render_target,
+            ),
         )
         report = replace(report, branch=branch, body=body)
         if dry_run:

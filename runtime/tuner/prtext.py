@@ -26,7 +26,7 @@ def pr_body(
     at: float,
     window: str,
     policy_path: str,
-    manifest_diff: str | None,
+    manifest_diff: str,
 ) -> str:
     """Markdown with the evidence a reviewer needs: windows, before/after, effect, diff."""
     when = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -66,10 +66,8 @@ def pr_body(
         "## Rendered manifest diff",
         "",
     ]
-    if manifest_diff is None:
-        lines.append("_Not available in this build: run `gpupool diff` on this branch._")
-    elif not manifest_diff.strip():
-        lines.append("_No rendered manifest changes (the change affects rules or the tuner)._")
+    if not manifest_diff.strip():
+        lines.append("_`gpupool diff`: no rendered object changes._")
     else:
         lines += ["```diff", manifest_diff.rstrip("\n"), "```"]
     lines += [

@@ -35,6 +35,7 @@ def policy_repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     (repo / "policy").mkdir(parents=True)
     shutil.copy(REPO / "policy" / "pool.yaml", repo / "policy" / "pool.yaml")
+    shutil.copytree(REPO / "policy" / "models", repo / "policy" / "models")
     _git(repo, "init", "--quiet", "--initial-branch=main")
     _git(repo, "add", ".")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "init")

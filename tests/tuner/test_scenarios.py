@@ -116,6 +116,8 @@ def test_idle_cluster_with_queued_flex_demand_widens_replicas(
         report, policy_repo, [("    max_replicas: 8", "    max_replicas: 10")]
     )
     assert "# kept free for production bursts" in text  # comments survive
+    assert report.body is not None
+    assert "-  maxReplicas: 8\n+  maxReplicas: 10" in report.body  # the rendered HPA diff
     assert text.count("#") == SHIPPED.count("#")
 
 
@@ -134,6 +136,9 @@ def test_low_hit_rate_with_full_cache_raises_kv_share(
         ],
     )
     assert report.decision.compaction is None
+    assert report.body is not None
+    assert "~ gpupool-flex/deployment-llama-8b-flex.yaml" in report.body
+    assert "- --kv-cache-memory-bytes" in report.body
 
 
 @pytest.fixture
