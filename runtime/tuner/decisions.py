@@ -271,17 +271,18 @@ def idle_flex_demand(
     """Utilization persistently below the scale-up threshold while flex requests queue:
     widen the flex replica bounds, within the flex pools' GPU capacity.
 
-    It adds flex load, so it needs fresh proof of all four: utilization, queue, no pending
-    production pod and no eviction storm.
+    It adds flex load, so it needs fresh proof of all five: utilization, queue, idle flex
+    GPUs to grow into (headroom), no pending production pod and no eviction storm.
     """
     rule = "idle-flex-demand"
     try:
-        utilization, queue, pending, evictions = _windows(
+        utilization, queue, headroom, pending, evictions = _windows(
             snapshot,
             settings,
             [
                 catalogue.CLUSTER_GPU_UTILIZATION,
                 catalogue.VLLM_QUEUE_DEPTH,
+                catalogue.FLEX_HEADROOM_GPUS,
                 catalogue.PROD_PODS_PENDING,
                 catalogue.FLEX_EVICTIONS,
             ],
@@ -303,6 +304,12 @@ def idle_flex_demand(
             rule,
             "the cluster looks idle but production pods were pending or flex evictions "
             f"exceeded {limit}/min: no more flex",
+        )
+    if headroom.share(lambda v: v > 0) < settings.persistence:
+        return NoOp(
+            rule,
+            "flex requests queue but the flex pools had no idle GPUs (flex_headroom_gpus) "
+            "to grow into; more replicas would stay pending",
         )
     changes = []
     for i, workload in enumerate(policy.workloads):
@@ -330,6 +337,7 @@ def idle_flex_demand(
         (
             _sustained(utilization, lambda v: v < below, f"< {below:g}"),
             _sustained(queue, lambda v: v > 0, "> 0 queued"),
+            _sustained(headroom, lambda v: v > 0, "> 0 idle flex GPUs"),
             _sustained(pending, lambda v: v == 0, "no production pending"),
             _sustained(evictions, lambda v: v <= limit, f"<= {limit}/min"),
         ),

@@ -70,6 +70,13 @@ SCENARIOS = [
 ]
 
 
+PER_WORKLOAD = {
+    name: ',workload="llama-8b-flex"'
+    for name in (catalogue.VLLM_QUEUE_DEPTH, catalogue.KV_CACHE_USAGE, catalogue.KV_CACHE_HIT_RATE)
+}
+"""Series the catalogue records per workload; the rest are cluster- or pool-wide."""
+
+
 def evaluation_time(name: str) -> float:
     """When a cycle should look at scenario ``name``: the end of its span."""
     index = next(i for i, s in enumerate(SCENARIOS) if s.name == name)
@@ -81,8 +88,9 @@ def _series(scenario: Scenario, index: int) -> Iterator[tuple[str, str, int, flo
     end = start + SPAN_S - scenario.ends_before_s
     for name in signals.SIGNALS:
         value = scenario.values.get(name, QUIET[name])
+        labels = f'cluster="demo-cluster"{PER_WORKLOAD.get(name, "")}'
         for t in range(start, end + 1, STEP_S):
-            yield name, 'cluster="demo-cluster",workload="llama-8b-flex"', t, value
+            yield name, labels, t, value
         if name == catalogue.KV_CACHE_HIT_RATE and scenario.second_workload_hit_rate is not None:
             for t in range(start, end + 1, STEP_S):
                 yield (

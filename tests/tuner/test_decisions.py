@@ -129,6 +129,12 @@ def test_hysteresis_margin_ignores_utilization_at_the_threshold() -> None:
     assert isinstance(out, Proposal) and out.changes[0].after == 10
 
 
+def test_flex_widening_needs_idle_flex_gpus() -> None:
+    no_room = snap({c.CLUSTER_GPU_UTILIZATION: 0.1, c.VLLM_QUEUE_DEPTH: 5, c.FLEX_HEADROOM_GPUS: 0})
+    out = idle_flex_demand(policy=POLICY, snapshot=no_room, settings=SETTINGS)
+    assert isinstance(out, NoOp) and "flex_headroom_gpus" in out.reason
+
+
 def test_flex_widening_stops_at_pool_capacity() -> None:
     idle = snap({c.CLUSTER_GPU_UTILIZATION: 0.1, c.VLLM_QUEUE_DEPTH: 5})
     full = POLICY.model_copy(
