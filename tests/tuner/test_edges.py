@@ -11,7 +11,7 @@ from policy import DEFAULT_POLICY, PolicyError
 from runtime.cli.app import app
 from runtime.tuner.decisions import Change
 from runtime.tuner.forge import build_pull_request
-from runtime.tuner.settings import load_settings
+from runtime.tuner.settings import TunerSettings, load_settings
 from runtime.tuner.webhook import Triggers, notification_key
 from runtime.tuner.yamledit import YamlEditError, edit_scalars
 
@@ -109,3 +109,11 @@ def test_cli_rejects_bad_listen_address_and_missing_token(tmp_path: Path) -> Non
         env={"GPUPOOL_TUNER_TOKEN": ""},
     )
     assert result.exit_code == 1 and "GPUPOOL_TUNER_TOKEN" in result.output
+
+
+def test_every_setting_is_documented_with_its_default() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "tuner.md").read_text()
+    for name, field in TunerSettings.model_fields.items():
+        assert field.description, f"TunerSettings.{name} has no docstring"
+        assert f"`{name}`" in docs, f"docs/tuner.md does not list {name}"
+    assert TunerSettings().window == "30m" and TunerSettings().cooldown == "1h"
