@@ -30,11 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from policy import load_policy
 from runtime.metrics import catalogue
-from runtime.tuner.cycle import Target, run_cycle
+from runtime.tuner.cycle import CycleReport, Target, run_cycle
+from runtime.tuner.manifests import manifest_diff
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.signals import SIGNALS
+from runtime.tuner.yamledit import edit_scalars
 from tests.harness.servers import REPO, require_binary, start_prometheus
 
 END = 1_767_225_600 + 3600
@@ -48,10 +50,11 @@ def write_openmetrics(path: Path, gpus: int) -> int:
     times = list(range(END - SPAN_S, END + 1, STEP_S))
     count = 0
     with path.open("w") as out:
-        for family, value_of in (
+        gpu_series: list[tuple[str, Callable[[int], float]]] = [
             ("DCGM_FI_DEV_GPU_UTIL", lambda g: float(g * 37 % 40)),
             ("DCGM_FI_DEV_FB_USED", lambda g: float(40_000 + g % 1000)),
-        ):
+        ]
+        for family, value_of in gpu_series:
             out.write(f"# TYPE {family} gauge\n")
             for g in range(gpus):
                 labels = f'gpu="{g % 8}",UUID="GPU-{g:08d}",Hostname="node-{g // 8:05d}"'
@@ -137,7 +140,7 @@ def main() -> None:
             repo = git_repo(root)
             metrics = TunerMetrics.create()
 
-            def cycle(dry_run: bool = True) -> object:
+            def cycle(dry_run: bool = True) -> CycleReport:
                 return run_cycle(
                     client=client,
                     target=Target(repo=repo),
@@ -148,7 +151,8 @@ def main() -> None:
                 )
 
             report = cycle()
-            assert report.decision.proposal is not None, report.lines()  # idle + queued
+            proposal = report.decision.proposal
+            assert proposal is not None, report.lines()  # idle cluster with queued demand
             queries_before = (
                 metrics.registry.get_sample_value("gpupool_tuner_query_seconds_count") or 0
             )
@@ -166,6 +170,27 @@ def main() -> None:
                 spent_before or 0
             )
             committing = median_s(lambda: cycle(dry_run=False), 1)
+            policy = load_policy(repo / "policy" / "pool.yaml")
+            base_text = (repo / "policy" / "pool.yaml").read_text()
+            new_text, _ = edit_scalars(base_text, proposal.changes)
+            head = subprocess.run(
+                ["git", "-C", str(repo), "rev-parse", "HEAD"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            rendering = median_s(
+                lambda: manifest_diff(
+                    repo,
+                    base_commit=head,
+                    policy_path="policy/pool.yaml",
+                    policy=policy,
+                    base_text=base_text,
+                    new_text=new_text,
+                    target="labels",
+                ),
+                max(3, args.repeats // 4),
+            )
             raw_expr = catalogue.build_catalogue(load_policy(REPO / "policy" / "pool.yaml")).query(
                 catalogue.CLUSTER_GPU_UTILIZATION
             )
@@ -187,7 +212,8 @@ def main() -> None:
 
     row("baseline: one instant query of a recorded series", baseline)
     row("tuner cycle, dry run (git read, queries, decide, PR text)", dry)
-    row("  of which the 7 Prometheus queries (mean)", per_cycle)
+    row(f"  of which the {queries:.0f} Prometheus queries (mean)", per_cycle)
+    row("  of which the rendered-manifest diff (two renders)", rendering)
     row("tuner cycle committing a proposal branch (one run)", committing)
     row("reference: utilization window from raw per-GPU series", raw)
 
