@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -158,6 +159,8 @@ def tune(
                 raise UsageProblem(str(exc)) from None
             return
         triggers = Triggers()
+        # SIGTERM (pod shutdown) lets the running cycle finish, then the loop returns
+        signal.signal(signal.SIGTERM, lambda *_: triggers.close())
         server = None
         if listen is not None:
             server = serve(

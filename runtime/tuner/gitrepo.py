@@ -50,15 +50,17 @@ def branch_exists(repo: Path, branch: str) -> bool:
 def commit_on_new_branch(
     repo: Path, *, base: str, branch: str, path: str, text: str, message: str
 ) -> str:
-    """Create ``branch`` at ``base`` with ``path`` set to ``text``; returns the commit id.
+    """Create ``branch`` at a new commit on ``base`` with ``path`` set to ``text``.
 
-    All or nothing: if the commit fails, the branch is deleted again, so a re-run retries.
+    The commit is made on a detached temporary worktree and the branch is created last, in
+    one ref update: a run killed half-way leaves no branch behind (only a worktree entry
+    that the next run prunes), so a re-run retries instead of finding an empty proposal.
     """
     name, email = COMMITTER
-    committed = False
+    git(repo, "worktree", "prune")
     with tempfile.TemporaryDirectory(prefix="gpupool-tune-") as scratch:
         tree = Path(scratch) / "tree"
-        git(repo, "worktree", "add", "--quiet", "-b", branch, str(tree), base)
+        git(repo, "worktree", "add", "--quiet", "--detach", str(tree), base)
         try:
             (tree / path).write_text(text, encoding="utf-8")
             git(tree, "add", "--", path)
@@ -76,12 +78,10 @@ def commit_on_new_branch(
                 stdin=message,
             )
             commit = git(tree, "rev-parse", "HEAD").strip()
-            committed = True
-            return commit
         finally:
             git(repo, "worktree", "remove", "--force", str(tree))
-            if not committed:
-                git(repo, "branch", "-D", branch)
+    git(repo, "branch", branch, commit)
+    return commit
 
 
 def push(repo: Path, remote: str, branch: str) -> None:

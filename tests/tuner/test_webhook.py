@@ -4,6 +4,10 @@ immediate evaluation; requests without the token are refused; repeats are ignore
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -19,7 +23,7 @@ from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.webhook import Triggers, run_loop, serve
-from tests.harness.servers import Server, free_port, start_alertmanager
+from tests.harness.servers import REPO, Server, free_port, start_alertmanager
 from tests.tuner import scenarios
 
 pytestmark = pytest.mark.slow
@@ -188,3 +192,75 @@ def test_webhook_refuses_missing_token_and_ignores_repeats(tuner: Tuner) -> None
         for outcome in ("unauthorized", "triggered", "duplicate")
     }
     assert samples == {"unauthorized": 2, "triggered": 1, "duplicate": 1}
+
+
+def test_listen_process_serves_webhook_and_metrics_and_stops_on_sigterm(
+    scenario_prometheus: Server, policy_repo: Path, tmp_path: Path
+) -> None:
+    """The Deployment's command line (``--listen --prometheus --repo``) as a real process."""
+    port = free_port()
+    log = (tmp_path / "tuner.log").open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli.app",
+            "tune",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--prometheus",
+            scenario_prometheus.url,
+            "--repo",
+            str(policy_repo),
+            "--at",
+            str(scenarios.evaluation_time("idle")),
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "GPUPOOL_TUNER_TOKEN": TOKEN},
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def metric(name: str) -> float | None:
+        try:
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+                text = response.read().decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        return None
+
+    try:
+        _wait_for(lambda: metric('gpupool_tuner_cycles_total{trigger="start"}') == 1)
+        payload = {
+            "status": "firing",
+            "groupKey": "g",
+            "alerts": [
+                {
+                    "labels": {"alertname": "ClusterGPUUtilizationLow"},
+                    "fingerprint": "f1",
+                    "startsAt": "2026-01-01T00:00:00Z",
+                }
+            ],
+        }
+        request = urllib.request.Request(
+            url + "/alerts",
+            data=json.dumps(payload).encode(),
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 202
+        _wait_for(lambda: metric('gpupool_tuner_cycles_total{trigger="alert"}') == 1)
+        assert (
+            metric('gpupool_tuner_proposals_total{outcome="created",rule="idle-flex-demand"}') == 1
+        )
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
