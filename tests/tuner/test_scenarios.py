@@ -308,3 +308,19 @@ def test_cli_reports_a_repository_without_the_policy(
     )
     assert done.returncode == 1
     assert "policy/pool.yaml" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_uncommitted_work_is_left_alone_and_not_proposed(
+    scenario_prometheus: Server, policy_repo: Path
+) -> None:
+    edited = SHIPPED.replace("name: demo-cluster", "name: my-local-edit")
+    (policy_repo / "policy" / "pool.yaml").write_text(edited)
+    (policy_repo / "notes.txt").write_text("untracked\n")
+    report = _cycle(scenario_prometheus, policy_repo, "idle")
+    assert report.outcome == "created" and report.branch is not None
+    assert "my-local-edit" not in _proposed_text(policy_repo, report.branch)
+    assert (policy_repo / "policy" / "pool.yaml").read_text() == edited
+    assert _git(policy_repo, "status", "--porcelain").splitlines() == [
+        " M policy/pool.yaml",
+        "?? notes.txt",
+    ]
