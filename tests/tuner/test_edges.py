@@ -11,6 +11,7 @@ from policy import DEFAULT_POLICY, PolicyError
 from runtime.cli.app import app
 from runtime.tuner.decisions import Change
 from runtime.tuner.forge import build_pull_request
+from runtime.tuner.gitrepo import commit_on_new_branch, git, push, resolve
 from runtime.tuner.settings import TunerSettings, load_settings
 from runtime.tuner.webhook import Triggers, notification_key
 from runtime.tuner.yamledit import YamlEditError, edit_scalars
@@ -117,3 +118,23 @@ def test_every_setting_is_documented_with_its_default() -> None:
         assert field.description, f"TunerSettings.{name} has no docstring"
         assert f"`{name}`" in docs, f"docs/tuner.md does not list {name}"
     assert TunerSettings().window == "30m" and TunerSettings().cooldown == "1h"
+
+
+def test_proposal_branch_is_pushed_to_the_remote(policy_repo: Path, tmp_path: Path) -> None:
+    """What ``--open-pr`` does before its API call, against a real (local, bare) remote."""
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "init", "--quiet", "--bare", str(remote))
+    git(policy_repo, "remote", "add", "origin", str(remote))
+    base = resolve(policy_repo, "HEAD")
+    text = SHIPPED.replace("max_replicas: 8", "max_replicas: 10")
+    commit = commit_on_new_branch(
+        policy_repo,
+        base=base,
+        branch="gpupool-tuner/t-1",
+        path="policy/pool.yaml",
+        text=text,
+        message="T\n\nbody",
+    )
+    push(policy_repo, "origin", "gpupool-tuner/t-1")
+    assert git(remote, "rev-parse", "refs/heads/gpupool-tuner/t-1").strip() == commit
+    assert git(remote, "log", "-1", "--format=%an %s", commit).strip() == "gpupool-tuner T"
