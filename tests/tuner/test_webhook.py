@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+from alerts.routing import alertmanager_config
+from alerts.rules import TUNER_LABEL
+from policy import DEFAULT_POLICY, load_policy
 from runtime.tuner.cycle import CycleReport, Target, run_cycle
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
@@ -100,23 +103,18 @@ def _wait_for(condition: Any, timeout_s: float = 60) -> None:
 
 
 def _alertmanager_config(webhook: str) -> str:
-    return f"""
-route:
-  receiver: gpupool-tuner
-  group_by: [alertname]
-  group_wait: 1s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-  - name: gpupool-tuner
-    webhook_configs:
-      - url: {webhook}
-        send_resolved: false
-        http_config:
-          authorization:
-            type: Bearer
-            credentials: {TOKEN}
-"""
+    """The Alertmanager config the alerts bundle generates from the shipped policy, with the
+    tuner receiver pointed at this test's webhook plus its bearer token (which the bundle
+    leaves to the deployment), and a 1 s group_wait instead of 30 s."""
+    policy = load_policy(DEFAULT_POLICY)
+    config = alertmanager_config(policy)
+    config["route"]["group_wait"] = "1s"
+    for receiver in config["receivers"]:
+        if receiver["name"] == policy.alerting.routing.tuner_receiver:
+            for hook in receiver["webhook_configs"]:
+                hook["url"] = webhook
+                hook["http_config"] = {"authorization": {"type": "Bearer", "credentials": TOKEN}}
+    return json.dumps(config)
 
 
 def test_alertmanager_notification_triggers_an_evaluation(tuner: Tuner, tmp_path: Path) -> None:
@@ -126,7 +124,11 @@ def test_alertmanager_notification_triggers_an_evaluation(tuner: Tuner, tmp_path
     try:
         alert = [
             {
-                "labels": {"alertname": "ClusterGPUUtilizationLow", "severity": "info"},
+                "labels": {
+                    "alertname": "ClusterGPUUtilizationLow",
+                    "severity": "info",
+                    TUNER_LABEL: "true",
+                },
                 "annotations": {"summary": "flex should grow"},
             }
         ]
