@@ -101,17 +101,24 @@ class _Missing(Exception):
         self.unusable = unusable
 
 
+def _usable(
+    policy: PoolPolicy, snapshot: MetricsSnapshot, settings: TunerSettings, name: str
+) -> Window | Unusable:
+    interval_s = duration_seconds(policy.metrics.evaluation_interval)
+    return usable(
+        snapshot,
+        name,
+        stale_after_s=settings.stale_after_intervals * interval_s,
+        min_observation_s=settings.min_observation_s,
+    )
+
+
 def _windows(
-    snapshot: MetricsSnapshot, settings: TunerSettings, names: Sequence[str]
+    policy: PoolPolicy, snapshot: MetricsSnapshot, settings: TunerSettings, names: Sequence[str]
 ) -> list[Window]:
     found = []
     for name in names:
-        got = usable(
-            snapshot,
-            name,
-            stale_after_s=settings.stale_after_s,
-            min_observation_s=settings.min_observation_s,
-        )
+        got = _usable(policy, snapshot, settings, name)
         if isinstance(got, Unusable):
             raise _Missing(got)
         found.append(got)
@@ -161,7 +168,7 @@ def eviction_storm(
     rule = "eviction-storm"
     limit = policy.alerting.thresholds.flex_eviction_rate.per_minute_max
     try:
-        (evictions,) = _windows(snapshot, settings, [catalogue.FLEX_EVICTIONS])
+        (evictions,) = _windows(policy, snapshot, settings, [catalogue.FLEX_EVICTIONS])
     except _Missing as missing:
         return _noop_for(rule, missing, "cannot judge evictions")
     above = evictions.share(lambda v: v > limit)
@@ -172,18 +179,8 @@ def eviction_storm(
             f"below the {settings.persistence:.0%} needed to call it sustained",
         )
     evidence = [_sustained(evictions, lambda v: v > limit, f"> {limit}/min")]
-    pending = usable(
-        snapshot,
-        catalogue.PROD_PODS_PENDING,
-        stale_after_s=settings.stale_after_s,
-        min_observation_s=settings.min_observation_s,
-    )
-    utilization = usable(
-        snapshot,
-        catalogue.CLUSTER_GPU_UTILIZATION,
-        stale_after_s=settings.stale_after_s,
-        min_observation_s=settings.min_observation_s,
-    )
+    pending = _usable(policy, snapshot, settings, catalogue.PROD_PODS_PENDING)
+    utilization = _usable(policy, snapshot, settings, catalogue.CLUSTER_GPU_UTILIZATION)
     prod_index = policy.node_pools.index(policy.prod_pool)
     reserve = policy.prod_pool.reserve_ratio
     prod_waiting = isinstance(pending, Window) and max(pending.values) > 0
@@ -277,6 +274,7 @@ def idle_flex_demand(
     rule = "idle-flex-demand"
     try:
         utilization, queue, headroom, pending, evictions = _windows(
+            policy,
             snapshot,
             settings,
             [
@@ -357,7 +355,7 @@ def kv_capacity(
     rule = "kv-hit-rate"
     try:
         hit_rate, kv_usage = _windows(
-            snapshot, settings, [catalogue.KV_CACHE_HIT_RATE, catalogue.KV_CACHE_USAGE]
+            policy, snapshot, settings, [catalogue.KV_CACHE_HIT_RATE, catalogue.KV_CACHE_USAGE]
         )
     except _Missing as missing:
         return _noop_for(rule, missing, "no KV change")

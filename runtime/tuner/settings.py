@@ -29,9 +29,10 @@ class TunerSettings(StrictModel):
     ratio_margin: Fraction = 0.02
     """Hysteresis on ratio thresholds: "below 0.35" means below 0.35 - margin, "above" above
     + margin, so a metric hovering at a threshold does not trigger proposals."""
-    stale_after: Duration = "90s"
-    """A series whose newest sample is older than this (a few scrape intervals) is stale;
-    decisions that need it fail closed."""
+    stale_after_intervals: int = Field(3, ge=1)
+    """A series whose newest sample is older than this many recording-rule evaluation
+    intervals (``policy.metrics.evaluation_interval``, 30 s: 90 s) is stale; decisions
+    that need it fail closed."""
     cooldown: Duration = "1h"
     """Least time between two policy proposals, so the cluster can show the last one's effect."""
     interval: Duration = "5m"
@@ -75,10 +76,6 @@ class TunerSettings(StrictModel):
     @property
     def min_observation_s(self) -> float:
         return duration_seconds(self.min_observation)
-
-    @property
-    def stale_after_s(self) -> float:
-        return duration_seconds(self.stale_after)
 
     @property
     def cooldown_s(self) -> float:

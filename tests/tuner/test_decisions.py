@@ -254,3 +254,14 @@ def test_combine_takes_the_worst_hit_rate_and_keeps_nan() -> None:
     out = combine([a, b], Combine.MIN)
     assert out[0] == (1.0, 0.5) and math.isnan(out[1][1])
     assert combine([a, a], Combine.SUM) == ((1.0, 1.8), (2.0, 1.6))
+
+
+def test_staleness_follows_the_policy_evaluation_interval() -> None:
+    idle = {c.CLUSTER_GPU_UTILIZATION: 0.1, c.VLLM_QUEUE_DEPTH: 5}
+    aged = snap(idle, age_s=100)  # 3 x 30 s = 90 s: stale
+    out = idle_flex_demand(policy=POLICY, snapshot=aged, settings=SETTINGS)
+    assert isinstance(out, NoOp) and out.fail_closed == "stale"
+    slower = POLICY.model_copy(
+        update={"metrics": POLICY.metrics.model_copy(update={"evaluation_interval": "1m"})}
+    )
+    assert isinstance(idle_flex_demand(policy=slower, snapshot=aged, settings=SETTINGS), Proposal)
