@@ -111,8 +111,9 @@ class _Builder:
         self.window = self.m.rate_window
         self.by_instance = ", ".join(self.m.instance_labels)
 
-    def vllm(self, metric: str) -> str:
-        return f'{metric}{{namespace="{self.flex_ns}"}}'
+    def vllm(self, name: str) -> str:
+        """Selector of a vLLM metric (``name`` without prefix) of the flex instances."""
+        return f'vllm:{name}{{namespace="{self.flex_ns}"}}'
 
     def gpu_util_by_pool(self, pools: list[NodePool]) -> str:
         """Per-GPU utilization (0-1) with a ``pool`` label, joined through the node's pool label."""
@@ -215,28 +216,28 @@ class _Builder:
             ),
             Query(
                 KV_CACHE_USAGE,
-                f"max by ({by}) ({self.vllm('vllm:kv_cache_usage_perc')})",
+                f"max by ({by}) ({self.vllm('kv_cache_usage_perc')})",
                 "Share of KV-cache blocks in use on each flex vLLM instance.",
                 "ratio",
             ),
             Query(
                 KV_CACHE_HIT_RATE,
-                f"sum by ({by}) (rate({self.vllm('vllm:prefix_cache_hits_total')}[{w}]))"
-                f" / (sum by ({by}) (rate({self.vllm('vllm:prefix_cache_queries_total')}[{w}]))"
+                f"sum by ({by}) (rate({self.vllm('prefix_cache_hits_total')}[{w}]))"
+                f" / (sum by ({by}) (rate({self.vllm('prefix_cache_queries_total')}[{w}]))"
                 " > 0)",
                 "Prefix-cache hits per queried token; absent where an instance had no queries.",
                 "ratio",
             ),
             Query(
                 VLLM_PREEMPTIONS,
-                f"sum by ({by}) (rate({self.vllm('vllm:num_preemptions_total')}[{w}]))",
+                f"sum by ({by}) (rate({self.vllm('num_preemptions_total')}[{w}]))",
                 "vLLM request preemptions per second (KV cache ran out) per instance.",
                 "per_second",
             ),
             Query(
                 VLLM_QUEUE_DEPTH,
                 f"sum by (namespace, {self.m.workload_label}) "
-                f"({self.vllm('vllm:num_requests_waiting')})",
+                f"({self.vllm('num_requests_waiting')})",
                 "Requests waiting for a slot, per flex workload.",
                 "requests",
             ),
@@ -265,5 +266,5 @@ class _Builder:
             Source("kube-state-metrics", "kube_pod_status_phase"),
         ]
         if p.workloads:
-            sources.append(Source("vllm", self.vllm("vllm:kv_cache_usage_perc")))
+            sources.append(Source("vllm", self.vllm("kv_cache_usage_perc")))
         return Catalogue(tuple(queries), tuple(sources))

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from ruamel.yaml import YAML
 
 from alerts.render import render
-from policy import PoolPolicy, load_policy
+from policy import PoolPolicy, load_policy, parse_policy
 from tests.harness.servers import REPO
 
 ALERT_TESTS = REPO / "alerts" / "tests"
 TEST_POLICY = ALERT_TESTS / "policy.yaml"
+FAST_POLICY = Path(__file__).with_name("fast_policy.yaml")
+
+
+def fast_policy(webhook_url: str, **metrics: Any) -> PoolPolicy:
+    """The second-scale policy of the real-server tests, receivers at ``webhook_url``."""
+    document = YAML(typ="safe").load(FAST_POLICY.read_text().replace("{webhook}", webhook_url))
+    document["metrics"].update(metrics)
+    return parse_policy(document, str(FAST_POLICY))
 
 
 @pytest.fixture(scope="session")
