@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import pulumi
 
@@ -38,7 +37,7 @@ def read_settings(config: pulumi.Config, root: Path = PROJECT_ROOT) -> StackSett
     if target not in TARGETS:
         raise ValueError(f"gpupool:target must be one of {list(TARGETS)}, found {target!r}")
     policy = Path(config.get("policy") or "policy/pool.yaml")
-    return StackSettings(policy if policy.is_absolute() else root / policy, cast(Target, target))
+    return StackSettings(policy if policy.is_absolute() else root / policy, target)
 
 
 class BundleComponent(pulumi.ComponentResource):

@@ -7,7 +7,8 @@ functions return an Output that the decorator awaits. The recorder keeps every r
 from __future__ import annotations
 
 import runpy
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import pulumi
 import pytest
@@ -23,8 +24,18 @@ class Recorder(pulumi.runtime.Mocks):
         self.registered.append((args.typ, args.name, dict(args.inputs)))
         return f"{args.name}-id", dict(args.inputs)
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
-        return {}
+    def call(
+        self, args: pulumi.runtime.MockCallArgs
+    ) -> tuple[dict[Any, Any], list[tuple[str, str]] | None]:
+        return {}, None
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def pulumi_test(fn: F) -> F:
+    """``pulumi.runtime.test`` with its type kept (the decorator itself is untyped)."""
+    return cast(F, pulumi.runtime.test(fn))  # type: ignore[no-untyped-call]
 
 
 RECORDER = Recorder()
@@ -32,7 +43,12 @@ pulumi.runtime.set_mocks(RECORDER, preview=False)
 
 from infra.builders.meta import Manifest  # noqa: E402 (after set_mocks, as Pulumi requires)
 from infra.bundle import INFERENCE_WORKLOAD, build_bundle, build_groups  # noqa: E402
-from infra.program import PROJECT_ROOT, declare_groups, read_settings  # noqa: E402
+from infra.program import (  # noqa: E402
+    PROJECT_ROOT,
+    InferenceWorkload,
+    declare_groups,
+    read_settings,
+)
 from policy import PoolPolicy, load_policy  # noqa: E402
 from tests.infra.policies import explicit_args, two_workloads  # noqa: E402
 
@@ -85,13 +101,13 @@ def _declare(policy: PoolPolicy, target: str) -> pulumi.Output[list[str]]:
 
 
 @pytest.mark.parametrize("target", ["labels", "karpenter"])
-@pulumi.runtime.test
+@pulumi_test
 def test_program_registers_exactly_the_bundle(target: str) -> pulumi.Output[None]:
     policy = two_workloads()
     return _declare(policy, target).apply(lambda _: check_registered_equals_bundle(policy, target))
 
 
-@pulumi.runtime.test
+@pulumi_test
 def test_workloads_are_components_with_named_children() -> pulumi.Output[None]:
     policy = two_workloads()
     groups = build_groups(policy, target="labels", vllm_args=explicit_args(policy))
@@ -119,12 +135,13 @@ def test_workloads_are_components_with_named_children() -> pulumi.Output[None]:
         assert ("gpupool:cluster:Scheduling", "scheduling") in components_registered
 
     qwen = workloads["qwen-14b-flex"]
+    assert isinstance(qwen, InferenceWorkload)
     return pulumi.Output.all(*[r.urn for r in qwen.resources.values()], qwen.service_url).apply(
         check
     )
 
 
-@pulumi.runtime.test
+@pulumi_test
 def test_key_fields_as_registered() -> pulumi.Output[None]:
     policy = load_policy()
 
@@ -178,7 +195,7 @@ def test_settings_resolve_the_policy_against_the_project_root() -> None:
         read_settings(FakeConfig({"target": "gke"}))  # type: ignore[arg-type]
 
 
-@pulumi.runtime.test
+@pulumi_test
 def test_main_program_reads_stack_config_and_declares_the_policy() -> pulumi.Output[None]:
     """``infra/__main__.py`` end to end: stack config -> policy file -> vLLM args -> resources."""
     pulumi.runtime.set_all_config(
