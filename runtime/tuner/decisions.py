@@ -179,12 +179,14 @@ def eviction_storm(
             f"below the {settings.persistence:.0%} needed to call it sustained",
         )
     evidence = [_sustained(evictions, lambda v: v > limit, f"> {limit}/min")]
-    pending = _usable(policy, snapshot, settings, catalogue.PROD_PODS_PENDING)
-    utilization = _usable(policy, snapshot, settings, catalogue.CLUSTER_GPU_UTILIZATION)
+    got_pending = _usable(policy, snapshot, settings, catalogue.PROD_PODS_PENDING)
+    got_utilization = _usable(policy, snapshot, settings, catalogue.CLUSTER_GPU_UTILIZATION)
+    pending = got_pending if isinstance(got_pending, Window) else None
+    utilization = got_utilization if isinstance(got_utilization, Window) else None
     prod_index = policy.node_pools.index(policy.prod_pool)
     reserve = policy.prod_pool.reserve_ratio
-    prod_waiting = isinstance(pending, Window) and max(pending.values) > 0
-    if prod_waiting and isinstance(pending, Window) and reserve < settings.reserve_ratio_max:
+    prod_waiting = pending is not None and max(pending.values) > 0
+    if pending is not None and prod_waiting and reserve < settings.reserve_ratio_max:
         evidence.append(_sustained(pending, lambda v: v > 0, "> 0 pending"))
         after = _step(reserve, settings.reserve_ratio_step, settings.reserve_ratio_max)
         return Proposal(
@@ -200,18 +202,17 @@ def eviction_storm(
             adds_flex_load=False,
         )
     shed = policy.elastic.shed_above
-    production_idle = isinstance(pending, Window) and max(pending.values) == 0
-    reaches_band = isinstance(utilization, Window) and max(utilization.values) >= (
-        shed - settings.ratio_margin
-    )
-    if production_idle and reaches_band and shed < settings.shed_above_max:
-        assert isinstance(utilization, Window) and isinstance(pending, Window)
+    band = shed - settings.ratio_margin
+    reaches_band = utilization is not None and max(utilization.values) >= band
+    if (
+        pending is not None
+        and utilization is not None
+        and not prod_waiting
+        and reaches_band
+        and shed < settings.shed_above_max
+    ):
         evidence.append(
-            _sustained(
-                utilization,
-                lambda v: v >= shed - settings.ratio_margin,
-                f">= shed_above - margin ({shed - settings.ratio_margin:g})",
-            )
+            _sustained(utilization, lambda v: v >= band, f">= shed_above - margin ({band:g})")
         )
         evidence.append(_sustained(pending, lambda v: v == 0, "no production pending"))
         after = _step(shed, settings.shed_above_step, settings.shed_above_max)
@@ -243,17 +244,20 @@ def eviction_storm(
             settings.scale_down_stabilization_max_s,
         )
     )
-    why_not = (
-        "production pods were not pending and utilization stayed below the shed band"
-        if isinstance(pending, Window) and isinstance(utilization, Window)
-        else "production-pending or utilization data is unusable, so no lever that keeps "
-        "more flex is taken"
-    )
+    if pending is None or utilization is None:
+        why = "production-pending or utilization data is unusable, so no lever that keeps "
+        why += "more flex is taken"
+    elif prod_waiting:
+        why = f"production pods were pending but reserve_ratio is at its bound {reserve:g}"
+    elif reaches_band:
+        why = f"utilization reached the shed band but shed_above is at its bound {shed:g}"
+    else:
+        why = "production pods were not pending and utilization stayed below the shed band"
     return Proposal(
         rule,
         f"Lengthen scale-down stabilization to {after_s} s (flex evictions above {limit}/min)",
         (Change(("autoscaling", "scale_down_stabilization_s"), window_s, after_s),),
-        f"Evictions were sustained, {why_not}: the churn is the autoscaler removing and "
+        f"Evictions were sustained, {why}: the churn is the autoscaler removing and "
         "re-adding replicas. A longer scale-down window damps it.",
         "Fewer flex replica removals and re-creations; flex capacity follows drops in demand "
         f"{after_s - window_s} s later.",

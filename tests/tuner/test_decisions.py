@@ -265,3 +265,12 @@ def test_staleness_follows_the_policy_evaluation_interval() -> None:
         update={"metrics": POLICY.metrics.model_copy(update={"evaluation_interval": "1m"})}
     )
     assert isinstance(idle_flex_demand(policy=slower, snapshot=aged, settings=SETTINGS), Proposal)
+
+
+def test_storm_with_reserve_at_bound_falls_back_to_the_scale_down_window() -> None:
+    settings = TunerSettings(reserve_ratio_max=0.2)  # the shipped reserve is already 0.2
+    storm = snap({c.FLEX_EVICTIONS: 9, c.PROD_PODS_PENDING: 1, c.CLUSTER_GPU_UTILIZATION: 0.7})
+    out = eviction_storm(policy=POLICY, snapshot=storm, settings=settings)
+    assert isinstance(out, Proposal) and not out.adds_flex_load  # never shed_above here
+    assert out.changes[0].path == ("autoscaling", "scale_down_stabilization_s")
+    assert "reserve_ratio is at its bound" in out.rationale
