@@ -24,10 +24,11 @@ class KarpenterSettings(StrictModel):
     """``karpenter.sh/capacity-type`` values; flex pools may add ``spot``."""
     consolidation_policy: Literal["WhenEmpty", "WhenEmptyOrUnderutilized"] = "WhenEmpty"
     """When Karpenter may remove nodes. ``WhenEmpty`` never disrupts running GPU pods."""
-    consolidate_after: str = "10m"
-    """How long a node must be empty (or underused) before Karpenter removes it."""
-    disruption_budget_nodes: str = "10%"
-    """Most nodes (count or percent) Karpenter may disrupt at once in this pool."""
+    consolidate_after: str = Field("10m", pattern=r"^(([0-9]+(s|m|h))+|Never)$")
+    """How long a node must be empty (or underused) before Karpenter removes it (``30s``,
+    ``10m``, ``1h``, or ``Never``: the NodePool CRD's pattern)."""
+    disruption_budget_nodes: str = Field("10%", pattern=r"^((100|[0-9]{1,2})%|[0-9]+)$")
+    """Most nodes Karpenter may disrupt at once in this pool: a count (``2``) or ``0-100%``."""
 
 
 class NodePool(StrictModel):

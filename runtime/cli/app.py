@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from runtime.cli import alerts_commands, infra_commands, policy_commands, vllm_commands
+from runtime.cli import (
+    alerts_commands,
+    infra_commands,
+    policy_commands,
+    tuner_commands,
+    vllm_commands,
+)
 
 app = typer.Typer(
     name="gpupool",
@@ -17,6 +23,7 @@ policy_commands.register(app)
 infra_commands.register(app)
 vllm_commands.register(app)
 alerts_commands.register(app)
+tuner_commands.register(app)
 
 
 def main() -> None:
