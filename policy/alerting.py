@@ -66,9 +66,7 @@ class AlertThresholds(StrictModel):
         for_="30m", severity="info"
     )
     """ClusterGPUUtilizationLow: flex should be growing but is not."""
-    prod_capacity_at_risk: ProdCapacityAtRisk = ProdCapacityAtRisk(
-        for_="2m", severity="critical"
-    )
+    prod_capacity_at_risk: ProdCapacityAtRisk = ProdCapacityAtRisk(for_="2m", severity="critical")
     """ProdCapacityAtRisk: production pods pending while flex pods run."""
     metrics_stale: MetricsStale = MetricsStale(for_="10m", severity="warning")
     """GpupoolMetricsStale: decisions would be made on missing data (they fail closed)."""

@@ -7,7 +7,9 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-_DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+_DURATION = re.compile(
+    r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
+)
 _DURATION_UNITS_S = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
@@ -29,8 +31,12 @@ def duration_seconds(value: str) -> float:
     """Seconds in a Prometheus duration such as ``5m`` or ``1h30m``."""
     match = _DURATION.match(value)
     if match is None or not value:
-        raise ValueError(f"expected a Prometheus duration such as 30s, 5m or 1h30m, found {value!r}")
-    return sum(int(n) * unit for n, unit in zip(match.groups(), _DURATION_UNITS_S, strict=True) if n)
+        raise ValueError(
+            f"expected a Prometheus duration such as 30s, 5m or 1h30m, found {value!r}"
+        )
+    return sum(
+        int(n) * unit for n, unit in zip(match.groups(), _DURATION_UNITS_S, strict=True) if n
+    )
 
 
 def _check_duration(value: str) -> str:

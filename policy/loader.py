@@ -81,9 +81,7 @@ def _problems(exc: ValidationError, document: Any, source: str) -> list[Problem]
         if isinstance(cause, InvariantViolation):
             for rel_path, message in cause.violations:
                 full = [*loc, *rel_path.split(".")]
-                problems.append(
-                    Problem(source, _line_of(document, full), ".".join(full), message)
-                )
+                problems.append(Problem(source, _line_of(document, full), ".".join(full), message))
             continue
         message = _describe(error)
         problems.append(Problem(source, _line_of(document, loc), ".".join(loc), message))

@@ -18,11 +18,9 @@ class KarpenterSettings(StrictModel):
     """Kind of the NodeClass; ``EC2NodeClass`` on AWS, ``AKSNodeClass`` on Azure."""
     node_class_group: str = "karpenter.k8s.aws"
     """API group of the NodeClass."""
-    instance_types: list[str] = Field(default_factory=list)
+    instance_types: tuple[str, ...] = ()
     """Allowed instance types (``node.kubernetes.io/instance-type``); empty allows any."""
-    capacity_types: list[Literal["on-demand", "spot", "reserved"]] = Field(
-        default_factory=lambda: ["on-demand"]
-    )
+    capacity_types: tuple[Literal["on-demand", "spot", "reserved"], ...] = ("on-demand",)
     """``karpenter.sh/capacity-type`` values; flex pools may add ``spot``."""
     consolidation_policy: Literal["WhenEmpty", "WhenEmptyOrUnderutilized"] = "WhenEmpty"
     """When Karpenter may remove nodes. ``WhenEmpty`` never disrupts running GPU pods."""
@@ -50,7 +48,7 @@ class NodePool(StrictModel):
     """Upper bound on nodes; sets the Karpenter limit and the pool's GPU capacity."""
     reserve_ratio: Fraction = 0.0
     """Share of the pool's GPUs kept free for bursts; flex load never counts on them."""
-    nodes: list[DnsLabel] = Field(default_factory=list)
+    nodes: tuple[DnsLabel, ...] = ()
     """Existing nodes that form the pool (``labels`` target: they get the label and taint)."""
     taint: bool = True
     """Taint the pool's nodes so only workloads that tolerate the pool land there."""

@@ -9,6 +9,7 @@ from policy.base import DnsLabel, Invariants, StrictModel
 from policy.disruption import Disruption
 from policy.elastic import Autoscaling, ElasticThresholds
 from policy.kvcache import KvCache
+from policy.metrics import MetricSources
 from policy.nodepools import NodePool
 from policy.priorities import Priorities
 from policy.workloads import FlexWorkload
@@ -60,6 +61,8 @@ class PoolPolicy(StrictModel):
     """Paged KV cache of flex vLLM instances."""
     alerting: Alerting
     """Alert thresholds and Alertmanager routing."""
+    metrics: MetricSources = MetricSources()
+    """Label names and windows of the metric sources the catalogue queries."""
     workloads: list[FlexWorkload] = Field(default_factory=list)
     """Flex inference workloads."""
 
@@ -111,12 +114,12 @@ class PoolPolicy(StrictModel):
                 f"disruption.pdb_min_available ({self.disruption.pdb_min_available}): the PDB "
                 "could never allow an eviction; lower pdb_min_available or raise max_replicas",
             )
-            pool = next((p for p in self.node_pools if p.name == w.pool), None)
+            host = next((p for p in self.node_pools if p.name == w.pool), None)
             found.require(
-                pool is None or w.gpus_per_replica <= pool.gpus_per_node,
+                host is None or w.gpus_per_replica <= host.gpus_per_node,
                 f"{at}.gpus_per_replica",
                 f"workload {w.name!r} needs {w.gpus_per_replica} GPUs per replica but nodes of "
-                f"pool {w.pool!r} have {pool.gpus_per_node if pool else '?'}",
+                f"pool {w.pool!r} have {host.gpus_per_node if host else '?'}",
             )
         found.raise_if_any()
         return self

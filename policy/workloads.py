@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -29,6 +30,26 @@ class Resources(StrictModel):
     """CPU request and limit."""
     memory: Quantity = "64Gi"
     """Memory request and limit (host RAM; KV lives in GPU memory)."""
+
+    @property
+    def memory_bytes(self) -> int:
+        """``memory`` in bytes (the KV offload tier must fit in it)."""
+        match = re.fullmatch(r"([0-9.]+)(.*)", self.memory)
+        assert match is not None  # Quantity validated the format
+        return int(float(match[1]) * _QUANTITY_FACTORS[match[2]])
+
+
+_QUANTITY_FACTORS = {
+    "": 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    **{f"{unit}i": 1024.0 ** (i + 1) for i, unit in enumerate("KMGTP")},
+}
+"""Multipliers of Kubernetes quantity suffixes (decimal and binary)."""
 
 
 AttentionBackend = Literal["flash_attn", "triton", "flex", "cpu", "flashmla", "cutlass_mla"]

@@ -6,27 +6,25 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.harness.servers import TINY_MODEL, Server, start_vllm_server
+from runtime.vllm import render_args
+from tests.harness.servers import Server, free_port, start_vllm_server
+from tests.harness.tiny_engine import TEST_ONLY_ARGS, tiny_plan
 
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The real vLLM OpenAI server (CPU build) serving the tiny random-weight model."""
-    workdir = tmp_path_factory.mktemp("vllm")
-    args = [
-        "--model",
-        str(TINY_MODEL),
-        "--load-format",
-        "dummy",
-        "--skip-tokenizer-init",
-        "--block-size",
-        "32",
-        "--max-model-len",
-        "512",
-        "--max-num-seqs",
-        "16",
-        "--enforce-eager",
-    ]
-    server = start_vllm_server(args, workdir)
+    """The real vLLM OpenAI server (CPU build) serving the tiny random-weight model.
+
+    Started with the arguments runtime.vllm generates for tests/fixtures/tiny-policy.yaml
+    (``tests.harness.tiny_engine.tiny_plan``), so the shared server proves them.
+    """
+    port = free_port()
+    plan = tiny_plan(port)
+    server = start_vllm_server(
+        [*render_args(plan), *TEST_ONLY_ARGS],
+        tmp_path_factory.mktemp("vllm"),
+        port=port,
+        env=dict.fromkeys(plan.env_unset),
+    )
     yield server
     server.stop()

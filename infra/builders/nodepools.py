@@ -63,14 +63,18 @@ def karpenter_node_pool(policy: PoolPolicy, pool: NodePool) -> Manifest:
     """A ``karpenter.sh/v1`` NodePool bounded by the pool's GPU capacity."""
     settings = pool.karpenter
     requirements: list[Manifest] = [
-        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": settings.capacity_types}
+        {
+            "key": "karpenter.sh/capacity-type",
+            "operator": "In",
+            "values": list(settings.capacity_types),
+        }
     ]
     if settings.instance_types:
         requirements.append(
             {
                 "key": "node.kubernetes.io/instance-type",
                 "operator": "In",
-                "values": settings.instance_types,
+                "values": list(settings.instance_types),
             }
         )
     node_spec: Manifest = {

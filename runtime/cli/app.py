@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
-from runtime.cli import infra_commands, policy_commands
+from runtime.cli import (
+    alerts_commands,
+    infra_commands,
+    policy_commands,
+    tuner_commands,
+    vllm_commands,
+)
 
 app = typer.Typer(
     name="gpupool",
@@ -17,6 +21,9 @@ app = typer.Typer(
 )
 policy_commands.register(app)
 infra_commands.register(app)
+vllm_commands.register(app)
+alerts_commands.register(app)
+tuner_commands.register(app)
 
 
 def main() -> None:
@@ -25,4 +32,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -36,7 +36,7 @@ class BlockRule:
         return below if ideal_tokens - below <= above - ideal_tokens else above
 
 
-_RULES: dict[tuple[AttentionBackend, bool], BlockRule] = {
+BLOCK_RULES: dict[tuple[AttentionBackend, bool], BlockRule] = {
     ("flash_attn", False): BlockRule(
         "FLASH_ATTN", 16, False, "v1/attention/backends/flash_attn.py"
     ),
@@ -55,6 +55,8 @@ _RULES: dict[tuple[AttentionBackend, bool], BlockRule] = {
         "CUTLASS_MLA", 128, True, "v1/attention/backends/mla/cutlass_mla.py"
     ),
 }
+"""Rule per (gpupool backend name, model is MLA); ``tests/vllm/test_vllm_contract.py`` checks
+every entry against the installed vLLM."""
 
 
 class BackendError(ValueError):
@@ -63,10 +65,10 @@ class BackendError(ValueError):
 
 def block_rule(backend: AttentionBackend, mla: bool) -> BlockRule:
     """The rule for ``backend`` serving an MLA (or a standard attention) model."""
-    rule = _RULES.get((backend, mla))
+    rule = BLOCK_RULES.get((backend, mla))
     if rule is None:
         kind = "MLA" if mla else "standard-attention (non-MLA)"
-        usable = sorted(b for (b, m) in _RULES if m == mla)
+        usable = sorted(b for (b, m) in BLOCK_RULES if m == mla)
         raise BackendError(
             f"attention backend {backend!r} cannot serve a {kind} model; use one of {usable}"
         )

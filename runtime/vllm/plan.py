@@ -8,7 +8,7 @@ test engine all call these two functions, so the arguments have one source.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from policy import PoolPolicy
@@ -65,8 +65,8 @@ class KvCachePlan:
     shutdown_timeout_s: int
     kv_transfer_config: dict[str, Any] | None
     preservation_note: str
-    engine_env: dict[str, str] = field(default_factory=dict)
-    """Environment the engine needs for these arguments to mean what they say."""
+    env_unset: tuple[str, ...] = ()
+    """Environment variables that must be absent for these arguments to mean what they say."""
 
     @property
     def page_bytes_per_layer(self) -> int:
@@ -158,7 +158,11 @@ class KvCachePlan:
                 _gib(self.share_cap_bytes),
                 "kv_cache.max_gpu_memory_share x GPU memory",
             ),
-            Derivation("--kv-cache-memory-bytes", f"{self.kv_cache_bytes:,}", bound),
+            Derivation(
+                "--kv-cache-memory-bytes",
+                f"{self.kv_cache_bytes:,}",
+                f"{bound}, rounded down to whole blocks",
+            ),
             Derivation(
                 "KV blocks",
                 f"{self.num_blocks:,}",
@@ -216,10 +220,16 @@ def plan_kv_cache(
     left = gpu_bytes - weights - reserve
     block_bytes = per_token * block_size * model.num_layers
     kv_bytes = min(cap, left) // block_bytes * block_bytes
+    if left <= 0:
+        raise KvPlanError(
+            f"{model.source}: weights {_gib(weights)} + activation reserve {_gib(reserve)} "
+            f"exceed the {_gib(gpu_bytes)} GPU at tensor parallel {tp}, leaving nothing for "
+            "the KV cache; use more GPUs per replica or a larger GPU"
+        )
     needed = -(-workload.max_model_len // block_size) * block_bytes
     if kv_bytes < needed:
         raise KvPlanError(
-            f"{model.source}: KV cache gets {_gib(max(kv_bytes, 0))} = min(share cap "
+            f"{model.source}: KV cache gets {_gib(kv_bytes)} = min(share cap "
             f"{kv.max_gpu_memory_share} x {_gib(gpu_bytes)}, GPU {_gib(gpu_bytes)} - weights "
             f"{_gib(weights)} - activation reserve {_gib(reserve)}), but one sequence of "
             f"max_model_len {workload.max_model_len} needs {_gib(needed)}; use more GPUs per "
@@ -250,7 +260,7 @@ def plan_kv_cache(
         shutdown_timeout_s=policy.disruption.drain_s,
         kv_transfer_config=transfer,
         preservation_note=note,
-        engine_env=_engine_env(rule),
+        env_unset=_env_unset(rule),
     )
 
 
@@ -314,7 +324,14 @@ def _preservation(
             "CPU backend: the KV already lives in host memory and vLLM's offloading worker "
             "needs CUDA/XPU tensors (kv_offload/cpu/gpu_worker.py), so no connector"
         )
-    extra: dict[str, Any] = {"cpu_bytes_to_use": int(policy.kv_cache.offload_host_gib * GIB)}
+    host_bytes = int(policy.kv_cache.offload_host_gib * GIB)
+    if host_bytes >= workload.resources.memory_bytes:
+        raise KvPlanError(
+            f"{workload.name}: kv_cache.offload_host_gib ({policy.kv_cache.offload_host_gib:g}) "
+            f"does not fit in the container's memory ({workload.resources.memory}); lower it, "
+            "raise resources.memory, or set kv_cache.kv_preservation to off"
+        )
+    extra: dict[str, Any] = {"cpu_bytes_to_use": host_bytes}
     if mode == "cpu":
         return _connector(extra), (
             f"OffloadingConnector, CPU tier of {policy.kv_cache.offload_host_gib:g} GiB "
@@ -339,11 +356,12 @@ def _connector(extra: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _engine_env(rule: BlockRule) -> dict[str, str]:
-    """On CPU the legacy ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB) overrides
-    ``--kv-cache-memory-bytes`` when set (vllm/platforms/cpu.py); empty makes vLLM ignore it."""
-    return {"VLLM_CPU_KVCACHE_SPACE": ""} if rule.vllm_name.startswith("CPU") else {}
+def _env_unset(rule: BlockRule) -> tuple[str, ...]:
+    """On CPU the legacy ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB), when set, replaces
+    ``--kv-cache-memory-bytes`` (vllm/platforms/cpu.py); an empty value crashes vllm/envs.py."""
+    return ("VLLM_CPU_KVCACHE_SPACE",) if rule.vllm_name.startswith("CPU") else ()
 
 
 def _gib(value: int) -> str:
-    return f"{value / GIB:.2f} GiB"
+    """Human-readable bytes: GiB, or MiB below one GiB (the test engine's pretend GPU)."""
+    return f"{value / GIB:.2f} GiB" if value >= GIB else f"{value / 2**20:.2f} MiB"

@@ -69,7 +69,7 @@ def start(
     ready_path: str,
     log: Path,
     timeout_s: float,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
 ) -> Server:
     """Spawn ``argv`` in its own process group and wait until ``url + ready_path`` answers 200."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -79,7 +79,7 @@ def start(
         stdout=handle,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        env={**os.environ, **(env or {})},
+        env={k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None},
     )
     server = Server(process, url, log)
     deadline = time.monotonic() + timeout_s
@@ -124,9 +124,11 @@ def start_prometheus(config: str, workdir: Path, *, data_dir: Path | None = None
 
 def start_alertmanager(config: str, workdir: Path) -> Server:
     """Alertmanager with ``config`` (YAML text), clustering off."""
-    binary = require_binary("prometheus-alertmanager") if shutil.which(
-        "prometheus-alertmanager"
-    ) else require_binary("alertmanager")
+    binary = (
+        require_binary("prometheus-alertmanager")
+        if shutil.which("prometheus-alertmanager")
+        else require_binary("alertmanager")
+    )
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "alertmanager.yml"
     config_file.write_text(config)
@@ -147,9 +149,20 @@ def start_alertmanager(config: str, workdir: Path) -> Server:
     )
 
 
-def start_vllm_server(args: Sequence[str], workdir: Path, *, timeout_s: float = 400) -> Server:
-    """vLLM's OpenAI server (CPU build) with ``args`` after ``--model``; ready on /health."""
-    port = free_port()
+def start_vllm_server(
+    args: Sequence[str],
+    workdir: Path,
+    *,
+    timeout_s: float = 400,
+    port: int | None = None,
+    env: dict[str, str | None] | None = None,
+) -> Server:
+    """vLLM's OpenAI server (CPU build) with ``args``; ready on /health.
+
+    ``port`` must match a ``--port`` already in ``args`` (a free one is picked otherwise);
+    ``env`` entries override the defaults below; ``None`` removes a variable.
+    """
+    port = port or free_port()
     argv = [
         sys.executable,
         "-m",
@@ -166,5 +179,10 @@ def start_vllm_server(args: Sequence[str], workdir: Path, *, timeout_s: float = 
         ready_path="/health",
         log=workdir / "vllm.log",
         timeout_s=timeout_s,
-        env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        env={
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **(env or {}),
+        },
     )

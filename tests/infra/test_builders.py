@@ -189,7 +189,7 @@ def test_karpenter_target_bounds_pools_by_gpu_capacity() -> None:
         assert spec["disruption"]["consolidationPolicy"] == pool.karpenter.consolidation_policy
         assert spec["disruption"]["budgets"] == [{"nodes": pool.karpenter.disruption_budget_nodes}]
         (capacity,) = spec["template"]["spec"]["requirements"]
-        assert capacity["values"] == pool.karpenter.capacity_types
+        assert capacity["values"] == list(pool.karpenter.capacity_types)
     assert not any(o["kind"] == "Node" for o in _bundle(policy, "karpenter"))
 
 

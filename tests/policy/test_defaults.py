@@ -11,6 +11,7 @@ from policy.alerting import AlertThresholds
 from policy.disruption import Disruption
 from policy.elastic import Autoscaling, ElasticThresholds
 from policy.kvcache import KvCache
+from policy.metrics import MetricSources
 from policy.priorities import Priorities
 
 
@@ -45,6 +46,7 @@ def test_shipped_policy_matches_model_defaults() -> None:
     assert policy.kv_cache == KvCache()
     assert policy.priorities == Priorities()
     assert policy.alerting.thresholds == AlertThresholds()
+    assert policy.metrics == MetricSources()
     assert policy.prod_pool.name == "gpu-prod"
     assert [p.name for p in policy.flex_pools] == ["gpu-flex"]
 

@@ -56,9 +56,7 @@ def _mutate(doc: Any, path: tuple[Any, ...], value: Any, delete: bool) -> Any:
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    edits=st.lists(
-        st.tuples(st.sampled_from(PATHS), values, st.booleans()), min_size=1, max_size=4
-    )
+    edits=st.lists(st.tuples(st.sampled_from(PATHS), values, st.booleans()), min_size=1, max_size=4)
 )
 def test_mutated_documents_fail_only_with_policy_errors(
     edits: list[tuple[tuple[Any, ...], Any, bool]],

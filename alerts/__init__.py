@@ -1,0 +1,1 @@
+"""Policy -> Prometheus rules, Alertmanager routing, HPA metric rules and the Grafana dashboard."""

@@ -1,0 +1,132 @@
+"""Grafana dashboard over the recorded ``gpupool:`` series (never raw exporter metrics)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policy.pool import PoolPolicy
+from runtime.metrics.catalogue import (
+    CLUSTER_GPU_UTILIZATION,
+    FLEX_EVICTIONS,
+    FLEX_GPU_BUDGET,
+    FLEX_HEADROOM_GPUS,
+    GPU_MEMORY_USED,
+    KV_CACHE_HIT_RATE,
+    KV_CACHE_USAGE,
+    POOL_GPU_UTILIZATION,
+    num,
+)
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+PANEL_W, PANEL_H = 12, 8
+
+
+def _panel(
+    index: int,
+    title: str,
+    targets: list[tuple[str, str]],
+    unit: str,
+    thresholds: list[float] | None = None,
+) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+    steps += [
+        {"color": c, "value": v} for c, v in zip(("orange", "red"), thresholds or [], strict=False)
+    ]
+    return {
+        "id": index + 1,
+        "type": "timeseries",
+        "title": title,
+        "datasource": DATASOURCE,
+        "gridPos": {
+            "x": (index % 2) * PANEL_W,
+            "y": (index // 2) * PANEL_H,
+            "w": PANEL_W,
+            "h": PANEL_H,
+        },
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "thresholds": {"mode": "absolute", "steps": steps},
+                "custom": {"thresholdsStyle": {"mode": "line" if thresholds else "off"}},
+            },
+            "overrides": [],
+        },
+        "targets": [
+            {
+                "refId": chr(ord("A") + i),
+                "expr": expr,
+                "legendFormat": legend,
+                "datasource": DATASOURCE,
+            }
+            for i, (expr, legend) in enumerate(targets)
+        ],
+    }
+
+
+def dashboard(policy: PoolPolicy) -> dict[str, Any]:
+    """The dashboard JSON model; thresholds drawn from the policy."""
+    e, t = policy.elastic, policy.alerting.thresholds
+    ns = policy.cluster.flex_namespace
+    panels = [
+        (
+            "GPU utilization by pool",
+            [(POOL_GPU_UTILIZATION, "{{pool}}"), (CLUSTER_GPU_UTILIZATION, "cluster")],
+            "percentunit",
+            [e.scale_up_below, e.shed_above],
+        ),
+        (
+            "Flex replicas and GPU budget",
+            [
+                (
+                    f'sum by (deployment) (kube_deployment_status_replicas{{namespace="{ns}"}})',
+                    "{{deployment}} replicas",
+                ),
+                (FLEX_GPU_BUDGET, "{{workload}} budget (GPUs)"),
+                (FLEX_HEADROOM_GPUS, "{{pool}} idle GPUs"),
+            ],
+            "short",
+            None,
+        ),
+        (
+            "Flex evictions per minute",
+            [(FLEX_EVICTIONS, "{{namespace}}")],
+            "short",
+            [t.flex_eviction_rate.per_minute_max],
+        ),
+        ("KV-cache usage", [(KV_CACHE_USAGE, "{{pod}}")], "percentunit", None),
+        (
+            "KV prefix-cache hit rate",
+            [(KV_CACHE_HIT_RATE, "{{pod}}")],
+            "percentunit",
+            [t.kv_hit_rate.min],
+        ),
+        (
+            "GPU memory used",
+            [(GPU_MEMORY_USED, "{{Hostname}} GPU {{gpu}}")],
+            "percentunit",
+            [t.gpu_memory_pressure.max],
+        ),
+    ]
+    return {
+        "uid": f"gpupool-{policy.cluster.name}"[:40],
+        "title": f"gpupool: {policy.cluster.name}",
+        "tags": ["gpupool"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": False,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": policy.metrics.evaluation_interval,
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "label": "Prometheus",
+                }
+            ]
+        },
+        "description": f"Recorded series of the gpupool catalogue; thresholds from the policy "
+        f"(grow below {num(e.scale_up_below)}, shed above {num(e.shed_above)}).",
+        "panels": [_panel(i, *spec) for i, spec in enumerate(panels)],
+    }

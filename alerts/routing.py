@@ -1,0 +1,55 @@
+"""Alertmanager configuration from ``policy.alerting.routing``.
+
+Tuner triggers (alerts labelled ``gpupool_tuner="true"``) go to the tuner's receiver first and
+``continue`` on to the severity routes, so people still hear them. Critical inhibits warning
+for the same alertname and namespace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alerts.rules import TUNER_LABEL
+from policy.pool import PoolPolicy
+
+
+def alertmanager_config(policy: PoolPolicy) -> dict[str, Any]:
+    """The complete ``alertmanager.yml`` as a dict."""
+    routing = policy.alerting.routing
+    routes: list[dict[str, Any]] = []
+    if routing.tuner_receiver is not None:
+        routes.append(
+            {
+                "receiver": routing.tuner_receiver,
+                "matchers": [f'{TUNER_LABEL}="true"'],
+                "continue": True,
+            }
+        )
+    routes += [
+        {"receiver": receiver, "matchers": [f'severity="{severity}"']}
+        for severity, receiver in sorted(routing.by_severity.items())
+    ]
+    return {
+        "route": {
+            "receiver": routing.default_receiver,
+            "group_by": list(routing.group_by),
+            "group_wait": routing.group_wait,
+            "group_interval": routing.group_interval,
+            "repeat_interval": routing.repeat_interval,
+            "routes": routes,
+        },
+        "inhibit_rules": [
+            {
+                "source_matchers": ['severity="critical"'],
+                "target_matchers": ['severity="warning"'],
+                "equal": ["alertname", "namespace"],
+            }
+        ],
+        "receivers": [
+            {
+                "name": r.name,
+                "webhook_configs": [{"url": str(r.webhook_url), "send_resolved": True}],
+            }
+            for r in routing.receivers
+        ],
+    }

@@ -1,0 +1,183 @@
+"""``gpupool tune``: one cycle (``--once``) or a loop on a timer and on Alertmanager alerts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runtime.cli.errors import UsageProblem, err_console, reported_errors
+
+TOKEN_ENV = "GPUPOOL_TUNER_TOKEN"
+"""Environment variable with the webhook's bearer token (or use ``--token-file``)."""
+
+
+def _timestamp(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise UsageProblem(
+            f"--at expects unix seconds or an ISO 8601 time such as 2026-01-01T12:00:00Z, "
+            f"found {value!r}"
+        ) from None
+
+
+def _listen_address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageProblem(f"--listen expects HOST:PORT such as 0.0.0.0:9095, found {value!r}")
+    return host, int(port)
+
+
+def _token(token_file: Path | None) -> str:
+    if token_file is not None:
+        try:
+            return token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise UsageProblem(f"--token-file {token_file}: {exc}") from None
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise UsageProblem(
+            f"--listen needs a bearer token: set {TOKEN_ENV} or pass --token-file "
+            "(the same secret as the Alertmanager receiver's http_config.authorization)"
+        )
+    return token
+
+
+def tune(
+    prometheus: Annotated[
+        str, typer.Option(help="Prometheus base URL, e.g. http://prometheus:9090.")
+    ],
+    repo: Annotated[Path, typer.Option(help="Git repository holding the policy file.")],
+    once: Annotated[bool, typer.Option("--once", help="Run one cycle and exit.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Decide and print; write no branch, state or request.")
+    ] = False,
+    listen: Annotated[
+        str | None,
+        typer.Option(help="HOST:PORT for the Alertmanager webhook (POST /alerts) and /metrics."),
+    ] = None,
+    policy_path: Annotated[str, typer.Option(help="Policy file inside --repo.")] = (
+        "policy/pool.yaml"
+    ),
+    base: Annotated[str, typer.Option(help="Ref proposals branch from.")] = "HEAD",
+    settings_file: Annotated[
+        Path | None,
+        typer.Option("--settings", help="YAML file of tuner settings (defaults: docs/tuner.md)."),
+    ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option(help="Evaluate as of this time (unix s or ISO 8601) instead of now."),
+    ] = None,
+    compaction_url: Annotated[
+        str | None,
+        typer.Option(help="Compaction worker endpoint that receives compaction requests (POST)."),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help=f"File with the webhook bearer token (default: ${TOKEN_ENV})."),
+    ] = None,
+    open_pr: Annotated[
+        bool,
+        typer.Option("--open-pr", help="Push the branch and open a GitHub PR ($GITHUB_TOKEN)."),
+    ] = False,
+    forge_repo: Annotated[
+        str | None, typer.Option(help="OWNER/NAME of the GitHub repository.")
+    ] = None,
+    remote: Annotated[str, typer.Option(help="Git remote proposal branches are pushed to.")] = (
+        "origin"
+    ),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every decision.")] = False,
+) -> None:
+    """Propose policy changes from what Prometheus shows, as git branches with evidence."""
+    from runtime.tuner import forge
+    from runtime.tuner.cycle import ForgeOptions, Target, run_cycle
+    from runtime.tuner.gitrepo import GitError
+    from runtime.tuner.prometheus import connect
+    from runtime.tuner.selfmetrics import TunerMetrics
+    from runtime.tuner.settings import load_settings
+    from runtime.tuner.webhook import Triggers, run_loop, serve
+    from runtime.tuner.yamledit import YamlEditError
+
+    logging.basicConfig(
+        level=logging.INFO if verbose or not once else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    with reported_errors():
+        settings = load_settings(settings_file)
+        when = None if at is None else _timestamp(at)
+        forge_options = None
+        if open_pr:
+            if forge_repo is None:
+                raise UsageProblem("--open-pr needs --forge-repo OWNER/NAME")
+            forge_options = ForgeOptions(
+                repository=forge_repo, token=os.environ.get(forge.TOKEN_ENV, ""), remote=remote
+            )
+            forge.build_pull_request(  # fail before any side effect on a bad repo or token
+                api_url=forge_options.api_url,
+                repository=forge_repo,
+                token=forge_options.token,
+                title="",
+                body="",
+                head="",
+                base="",
+            )
+        target = Target(repo=repo, policy_path=policy_path, base=base)
+        client = connect(prometheus)
+        metrics = TunerMetrics.create()
+
+        def cycle(trigger: str) -> None:
+            report = run_cycle(
+                client=client,
+                target=target,
+                settings=settings,
+                metrics=metrics,
+                at=when,
+                trigger=trigger,
+                dry_run=dry_run,
+                compaction_url=compaction_url,
+                forge_options=forge_options,
+            )
+            for line in report.lines():
+                typer.echo(line)
+            if dry_run and report.body is not None and report.decision.proposal is not None:
+                typer.echo(f"\n# {report.decision.proposal.title}\n\n{report.body}")
+
+        if once:
+            try:
+                cycle("once")
+            except (GitError, YamlEditError, ValueError) as exc:
+                raise UsageProblem(str(exc)) from None
+            return
+        triggers = Triggers()
+        # SIGTERM (pod shutdown) lets the running cycle finish, then the loop returns
+        signal.signal(signal.SIGTERM, lambda *_: triggers.close())
+        server = None
+        if listen is not None:
+            server = serve(
+                _listen_address(listen),
+                token=_token(token_file),
+                triggers=triggers,
+                metrics=metrics,
+            )
+            err_console.print(f"listening on {listen} (POST /alerts, GET /metrics)")
+        try:
+            run_loop(cycle=cycle, triggers=triggers, interval_s=settings.interval_s)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if server is not None:
+                server.shutdown()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune)

@@ -1,0 +1,88 @@
+"""Edge: git through its CLI. Proposals are committed in a temporary worktree, so the
+user's checkout, index and uncommitted work are never touched."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+COMMITTER = ("gpupool-tuner", "gpupool-tuner@users.noreply.localhost")
+"""Identity of the tuner's commits (``git -c user.name/user.email``)."""
+
+
+class GitError(Exception):
+    """A git command failed; the message carries the command and git's stderr."""
+
+
+def git(repo: Path, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise GitError(f"git {' '.join(args)} in {repo}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def common_dir(repo: Path) -> Path:
+    """The repository's shared git directory (``.git`` even from a linked worktree)."""
+    return (repo / git(repo, "rev-parse", "--git-common-dir").strip()).resolve()
+
+
+def resolve(repo: Path, ref: str) -> str:
+    return git(repo, "rev-parse", "--verify", f"{ref}^{{commit}}").strip()
+
+
+def read_at(repo: Path, commit: str, path: str) -> str:
+    """A file's text as committed (the proposal's base), not as it sits in the work tree."""
+    return git(repo, "show", f"{commit}:{path}")
+
+
+def branch_exists(repo: Path, branch: str) -> bool:
+    done = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"],
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def commit_on_new_branch(
+    repo: Path, *, base: str, branch: str, path: str, text: str, message: str
+) -> str:
+    """Create ``branch`` at a new commit on ``base`` with ``path`` set to ``text``.
+
+    The commit is made on a detached temporary worktree and the branch is created last, in
+    one ref update: a run killed half-way leaves no branch behind (only a worktree entry
+    that the next run prunes), so a re-run retries instead of finding an empty proposal.
+    """
+    name, email = COMMITTER
+    git(repo, "worktree", "prune")
+    with tempfile.TemporaryDirectory(prefix="gpupool-tune-") as scratch:
+        tree = Path(scratch) / "tree"
+        git(repo, "worktree", "add", "--quiet", "--detach", str(tree), base)
+        try:
+            (tree / path).write_text(text, encoding="utf-8")
+            git(tree, "add", "--", path)
+            git(
+                tree,
+                "-c",
+                f"user.name={name}",
+                "-c",
+                f"user.email={email}",
+                "commit",
+                "--quiet",
+                "--no-verify",
+                "-F",
+                "-",
+                stdin=message,
+            )
+            commit = git(tree, "rev-parse", "HEAD").strip()
+        finally:
+            git(repo, "worktree", "remove", "--force", str(tree))
+    git(repo, "branch", branch, commit)
+    return commit
+
+
+def push(repo: Path, remote: str, branch: str) -> None:
+    git(repo, "push", "--quiet", remote, f"refs/heads/{branch}:refs/heads/{branch}")

@@ -1,0 +1,170 @@
+"""The bundle is a pure function of the policy: thresholds flow in, files are deterministic,
+writes are atomic, every runbook link resolves, and the Kubernetes objects are valid."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from typer.testing import CliRunner
+
+from alerts.bundle import alert_names, all_groups
+from alerts.manifests import monitoring_objects
+from alerts.render import bundle_files, render
+from policy import PoolPolicy, parse_policy
+from runtime.cli.app import app
+from runtime.metrics.catalogue import FLEX_GPU_BUDGET, HPA_METRIC, build_catalogue
+from tests.alerts.conftest import TEST_POLICY
+from tests.harness.servers import REPO
+
+RUNBOOKS = REPO / "docs" / "runbooks.md"
+
+
+def _alerts(policy: PoolPolicy) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in all_groups(policy) for r in g["rules"] if "alert" in r}
+
+
+def _with(policy: PoolPolicy, thresholds: dict[str, Any]) -> PoolPolicy:
+    document = policy.model_dump(by_alias=True, mode="json")
+    for name, knobs in thresholds.items():
+        document["alerting"]["thresholds"][name].update(knobs)
+    return parse_policy(document)
+
+
+def test_thresholds_and_for_come_from_the_policy(test_policy: PoolPolicy) -> None:
+    changed = _with(
+        test_policy,
+        {
+            "flex_eviction_rate": {"per_minute_max": 7.5, "for": "3m", "severity": "critical"},
+            "kv_hit_rate": {"min": 0.6, "for": "45m"},
+            "gpu_memory_pressure": {"max": 0.9},
+        },
+    )
+    before, after = _alerts(test_policy), _alerts(changed)
+    assert before["FlexEvictionRateHigh"]["expr"].endswith("> 5.0")
+    assert after["FlexEvictionRateHigh"]["expr"].endswith("> 7.5")
+    assert after["FlexEvictionRateHigh"]["for"] == "3m"
+    assert after["FlexEvictionRateHigh"]["labels"]["severity"] == "critical"
+    assert (
+        "limit 7.5 per minute for 3m" in after["FlexEvictionRateHigh"]["annotations"]["description"]
+    )
+    assert after["KVCacheHitRateLow"]["expr"].endswith("< 0.6")
+    assert after["KVCacheHitRateLow"]["for"] == "45m"
+    assert "minimum 60% for 45m" in after["KVCacheHitRateLow"]["annotations"]["description"]
+    assert after["GPUMemoryPressure"]["expr"].endswith("> 0.9")
+
+
+def test_every_alert_has_for_severity_and_annotations(test_policy: PoolPolicy) -> None:
+    for name, rule in _alerts(test_policy).items():
+        assert rule["for"], name
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+        assert rule["labels"]["cluster"] == test_policy.cluster.name, name
+        assert {"summary", "description", "runbook_url"} <= set(rule["annotations"]), name
+
+
+def _runbook_sections() -> dict[str, str]:
+    sections: dict[str, str] = {}
+    current = None
+    for line in RUNBOOKS.read_text().splitlines():
+        heading = re.match(r"^## (\S+)$", line)
+        if heading:
+            current = heading.group(1).lower()
+            sections[current] = ""
+        elif current is not None:
+            sections[current] += line + "\n"
+    return sections
+
+
+def test_every_runbook_url_points_at_a_section_that_says_what_to_do(
+    test_policy: PoolPolicy,
+) -> None:
+    sections = _runbook_sections()
+    base = test_policy.alerting.runbook_base_url
+    for name, rule in _alerts(test_policy).items():
+        url = rule["annotations"]["runbook_url"]
+        assert url.startswith(base + "#"), url
+        anchor = url.split("#", 1)[1]
+        assert anchor in sections, f"{name}: docs/runbooks.md has no section #{anchor}"
+        assert "**What to do.**" in sections[anchor], name
+
+
+def test_render_is_deterministic_and_replaces_the_directory(
+    test_policy: PoolPolicy, tmp_path: Path
+) -> None:
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "stale.yaml").write_text("left from an older render")
+    first = {p.relative_to(out): p.read_bytes() for p in render(test_policy, out)}
+    assert not (out / "stale.yaml").exists()
+    second = {p.relative_to(out): p.read_bytes() for p in render(test_policy, out)}
+    assert first == second
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"], "no staging dirs left"
+    assert set(map(str, first)) == set(bundle_files(test_policy))
+
+
+def test_cli_renders_and_reports_a_bad_policy_without_touching_out(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "out"
+    ok = runner.invoke(app, ["alerts", "render", "--out", str(out), str(TEST_POLICY)])
+    assert ok.exit_code == 0, ok.output
+    assert (out / "alertmanager.yml").exists()
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TEST_POLICY.read_text().replace("per_minute_max: 5,", "per_minute_max: -1,"))
+    failed = runner.invoke(app, ["alerts", "render", "--out", str(out), str(bad)])
+    assert failed.exit_code == 1
+    assert "flex_eviction_rate.per_minute_max" in failed.output
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_monitoring_objects_are_valid_kubernetes(test_policy: PoolPolicy) -> None:
+    objects = {o["kind"] + "/" + o["metadata"]["name"]: o for o in monitoring_objects(test_policy)}
+    assert set(objects) == {
+        "PrometheusRule/gpupool",
+        "Secret/alertmanager-main",
+        "ConfigMap/gpupool-adapter-rules",
+        "ConfigMap/gpupool-dashboard",
+    }
+    for key, obj in objects.items():
+        assert obj["metadata"]["namespace"] == test_policy.cluster.system_namespace
+        if obj["apiVersion"] == "v1":
+            kubernetes_validate.validate(obj, "1.30.0", strict=True)
+        else:
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1", key
+    rule = objects["PrometheusRule/gpupool"]
+    assert rule["spec"]["groups"] == all_groups(test_policy)
+    dashboard = objects["ConfigMap/gpupool-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    exprs = {
+        t["expr"]
+        for p in json.loads(dashboard["data"]["gpupool.json"])["panels"]
+        for t in p["targets"]
+    }
+    assert FLEX_GPU_BUDGET in exprs
+    assert {q.record for q in build_catalogue(test_policy)} & exprs >= {
+        "gpupool:kv_cache_hit_rate:ratio",
+        "gpupool:flex_evictions:per_minute",
+        "gpupool:gpu_memory_used:ratio",
+    }
+    adapter = objects["ConfigMap/gpupool-adapter-rules"]["data"]["config.yaml"]
+    assert f"as: {HPA_METRIC}" in adapter and FLEX_GPU_BUDGET in adapter
+
+
+def test_alert_names_are_camel_case(test_policy: PoolPolicy) -> None:
+    for name in alert_names(test_policy):
+        assert re.fullmatch(r"(?:[A-Z][a-zA-Z0-9]*)+", name), name
+
+
+def test_catalogue_answers_queries_by_recorded_name(test_policy: PoolPolicy) -> None:
+    catalogue = build_catalogue(test_policy)
+    records = [q.record for q in catalogue]
+    assert len(records) == len(set(records))
+    for record in records:
+        assert record.startswith("gpupool:")
+        assert catalogue.query(record) == catalogue[record].expr
+    with pytest.raises(KeyError, match="gpupool:nope"):
+        catalogue.query("gpupool:nope")

@@ -1,0 +1,42 @@
+"""A Prometheus backfilled with every tuner scenario (one per test module run), and a
+throw-away git repository holding a copy of the shipped policy."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.servers import REPO, Server, start_prometheus
+from tests.tuner import scenarios
+
+
+@pytest.fixture(scope="session")
+def scenario_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("tuner-prometheus")
+    scenarios.backfill(scenarios.openmetrics(), workdir, workdir / "data")
+    server = start_prometheus(scenarios.PROMETHEUS_CONFIG, workdir, data_dir=workdir / "data")
+    yield server
+    server.stop()
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+@pytest.fixture
+def policy_repo(tmp_path: Path) -> Path:
+    """A git repository whose one commit holds policy/pool.yaml as shipped."""
+    repo = tmp_path / "repo"
+    (repo / "policy").mkdir(parents=True)
+    shutil.copy(REPO / "policy" / "pool.yaml", repo / "policy" / "pool.yaml")
+    shutil.copytree(REPO / "policy" / "models", repo / "policy" / "models")
+    _git(repo, "init", "--quiet", "--initial-branch=main")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "init")
+    return repo

@@ -1,0 +1,140 @@
+"""Offline edges: the YAML splice, the GitHub request, settings files, the CLI's bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from policy import DEFAULT_POLICY, PolicyError
+from runtime.cli.app import app
+from runtime.tuner.decisions import Change
+from runtime.tuner.forge import build_pull_request
+from runtime.tuner.gitrepo import commit_on_new_branch, git, push, resolve
+from runtime.tuner.settings import TunerSettings, load_settings
+from runtime.tuner.webhook import Triggers, notification_key
+from runtime.tuner.yamledit import YamlEditError, edit_scalars
+
+SHIPPED = DEFAULT_POLICY.read_text()
+
+
+def test_splice_changes_only_the_value_and_keeps_comment_column() -> None:
+    out, document = edit_scalars(SHIPPED, [Change(("elastic", "shed_above"), 0.65, 0.7)])
+    assert document["elastic"]["shed_above"] == 0.7
+    changed = [
+        (a, b) for a, b in zip(SHIPPED.splitlines(), out.splitlines(), strict=True) if a != b
+    ]
+    assert changed == [
+        (
+            "  shed_above: 0.65            # shed flex above 65 %",
+            "  shed_above: 0.7             # shed flex above 65 %",
+        )
+    ]
+
+
+def test_splice_refuses_a_field_not_written_in_the_file() -> None:
+    with pytest.raises(YamlEditError, match="not written in the policy file"):
+        edit_scalars(SHIPPED, [Change(("kv_cache", "no_such_field"), 1, 2)])
+
+
+def test_pull_request_call_follows_the_rest_api() -> None:
+    call = build_pull_request(
+        api_url="https://api.github.com/",
+        repository="acme/gpupool",
+        token="t0k",
+        title="T",
+        body="B",
+        head="gpupool-tuner/x",
+        base="main",
+    )
+    assert call.url == "https://api.github.com/repos/acme/gpupool/pulls"
+    assert call.headers["Authorization"] == "Bearer t0k"
+    assert call.headers["Accept"] == "application/vnd.github+json"
+    assert call.payload == {
+        "title": "T",
+        "body": "B",
+        "head": "gpupool-tuner/x",
+        "base": "main",
+        "draft": False,
+    }
+    with pytest.raises(ValueError, match="OWNER/NAME"):
+        build_pull_request(
+            api_url="x", repository="acme", token="t", title="", body="", head="", base=""
+        )
+    with pytest.raises(ValueError, match="GITHUB_TOKEN"):
+        build_pull_request(
+            api_url="x", repository="a/b", token="", title="", body="", head="", base=""
+        )
+
+
+def test_settings_file_errors_name_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "tuner.yaml"
+    path.write_text("window: 30m\nmin_observation: 2h\ncooldown: soon\n")
+    with pytest.raises(PolicyError) as caught:
+        load_settings(path)
+    text = str(caught.value)
+    assert f"{path}:3: cooldown:" in text
+    path.write_text("cooldown: 2h\n")
+    assert load_settings(path).cooldown_s == 7200
+
+
+def test_notification_key_ignores_order_and_repeats() -> None:
+    alerts = [{"fingerprint": "a", "startsAt": "t1"}, {"fingerprint": "b", "startsAt": "t2"}]
+    one = {"groupKey": "g", "status": "firing", "alerts": alerts}
+    two = {"groupKey": "g", "status": "firing", "alerts": list(reversed(alerts))}
+    assert notification_key(one) == notification_key(two)
+    triggers = Triggers()
+    assert triggers.offer(notification_key(one), "x") is True
+    assert triggers.offer(notification_key(two), "x") is False
+
+
+def test_cli_rejects_bad_listen_address_and_missing_token(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(
+        app,
+        ["tune", "--prometheus", "http://127.0.0.1:1", "--repo", str(tmp_path), "--listen", "nope"],
+    )
+    assert result.exit_code == 1 and "HOST:PORT" in result.output
+    result = runner.invoke(
+        app,
+        [
+            "tune",
+            "--prometheus",
+            "http://127.0.0.1:1",
+            "--repo",
+            str(tmp_path),
+            "--listen",
+            "127.0.0.1:9095",
+        ],
+        env={"GPUPOOL_TUNER_TOKEN": ""},
+    )
+    assert result.exit_code == 1 and "GPUPOOL_TUNER_TOKEN" in result.output
+
+
+def test_every_setting_is_documented_with_its_default() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "tuner.md").read_text()
+    for name, field in TunerSettings.model_fields.items():
+        assert field.description, f"TunerSettings.{name} has no docstring"
+        assert f"`{name}`" in docs, f"docs/tuner.md does not list {name}"
+    assert TunerSettings().window == "30m" and TunerSettings().cooldown == "1h"
+
+
+def test_proposal_branch_is_pushed_to_the_remote(policy_repo: Path, tmp_path: Path) -> None:
+    """What ``--open-pr`` does before its API call, against a real (local, bare) remote."""
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "init", "--quiet", "--bare", str(remote))
+    git(policy_repo, "remote", "add", "origin", str(remote))
+    base = resolve(policy_repo, "HEAD")
+    text = SHIPPED.replace("max_replicas: 8", "max_replicas: 10")
+    commit = commit_on_new_branch(
+        policy_repo,
+        base=base,
+        branch="gpupool-tuner/t-1",
+        path="policy/pool.yaml",
+        text=text,
+        message="T\n\nbody",
+    )
+    push(policy_repo, "origin", "gpupool-tuner/t-1")
+    assert git(remote, "rev-parse", "refs/heads/gpupool-tuner/t-1").strip() == commit
+    assert git(remote, "log", "-1", "--format=%an %s", commit).strip() == "gpupool-tuner T"

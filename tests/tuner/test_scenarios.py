@@ -1,0 +1,326 @@
+"""Real Prometheus (backfilled scenarios) and real git: each scenario yields exactly the
+expected proposal, or none, as a commit on a new branch of a temporary repository."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from policy import parse_policy
+from runtime.tuner.cycle import CycleReport, Target, run_cycle
+from runtime.tuner.prometheus import connect
+from runtime.tuner.selfmetrics import TunerMetrics
+from runtime.tuner.settings import TunerSettings
+from tests.harness.servers import REPO, Server, start_prometheus
+from tests.tuner import scenarios
+
+pytestmark = pytest.mark.slow
+SHIPPED = (REPO / "policy" / "pool.yaml").read_text()
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _tuner_branches(repo: Path) -> list[str]:
+    out = _git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/gpupool-tuner/")
+    return out.split()
+
+
+def _cycle(
+    server: Server, repo: Path, scenario: str, metrics: TunerMetrics | None = None, **kw: Any
+) -> CycleReport:
+    return run_cycle(
+        client=connect(server.url),
+        target=Target(repo=repo),
+        settings=TunerSettings(),
+        metrics=metrics or TunerMetrics.create(),
+        at=scenarios.evaluation_time(scenario),
+        **kw,
+    )
+
+
+def _proposed_text(repo: Path, branch: str) -> str:
+    return _git(repo, "show", f"{branch}:policy/pool.yaml")
+
+
+def _changed_lines(before: str, after: str) -> list[tuple[str, str]]:
+    pairs = list(zip(before.splitlines(), after.splitlines(), strict=True))
+    return [(a, b) for a, b in pairs if a != b]
+
+
+def _assert_single_proposal(
+    report: CycleReport, repo: Path, expected: list[tuple[str, str]]
+) -> str:
+    assert report.outcome == "created", report.lines()
+    assert _tuner_branches(repo) == [report.branch]
+    assert report.branch is not None
+    text = _proposed_text(repo, report.branch)
+    assert _changed_lines(SHIPPED, text) == expected
+    parse_policy(YAML(typ="rt").load(text), "proposed")  # validates
+    # the user's checkout is untouched: still on main, clean, pool.yaml as shipped
+    assert _git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    assert _git(repo, "status", "--porcelain") == ""
+    assert (repo / "policy" / "pool.yaml").read_text() == SHIPPED
+    return text
+
+
+def test_quiet_cluster_proposes_nothing(scenario_prometheus: Server, policy_repo: Path) -> None:
+    report = _cycle(scenario_prometheus, policy_repo, "quiet")
+    assert report.decision.proposal is None and report.decision.compaction is None
+    assert _tuner_branches(policy_repo) == []
+    assert {n.rule for n in report.decision.noops} == {
+        "eviction-storm",
+        "kv-hit-rate",
+        "idle-flex-demand",
+    }
+
+
+def test_eviction_storm_with_pending_production_raises_reserve(
+    scenario_prometheus: Server, policy_repo: Path
+) -> None:
+    report = _cycle(scenario_prometheus, policy_repo, "storm")
+    _assert_single_proposal(
+        report,
+        policy_repo,
+        [
+            (
+                "    reserve_ratio: 0.20       # kept free for production bursts",
+                "    reserve_ratio: 0.25       # kept free for production bursts",
+            )
+        ],
+    )
+    assert report.body is not None and "gpupool:flex_evictions:per_minute" in report.body
+    assert "| `node_pools.0.reserve_ratio` | 0.2 | 0.25 |" in report.body
+    message = _git(policy_repo, "log", "-1", "--format=%B", report.branch or "")
+    assert message.startswith("Raise the production reserve to 0.25")
+    assert report.body_path is not None and report.body_path.read_text().endswith(report.body)
+
+
+def test_idle_cluster_with_queued_flex_demand_widens_replicas(
+    scenario_prometheus: Server, policy_repo: Path
+) -> None:
+    report = _cycle(scenario_prometheus, policy_repo, "idle")
+    text = _assert_single_proposal(
+        report, policy_repo, [("    max_replicas: 8", "    max_replicas: 10")]
+    )
+    assert "# kept free for production bursts" in text  # comments survive
+    assert report.body is not None
+    assert "-  maxReplicas: 8\n+  maxReplicas: 10" in report.body  # the rendered HPA diff
+    assert text.count("#") == SHIPPED.count("#")
+
+
+def test_low_hit_rate_with_full_cache_raises_kv_share(
+    scenario_prometheus: Server, policy_repo: Path
+) -> None:
+    report = _cycle(scenario_prometheus, policy_repo, "kv_full")
+    _assert_single_proposal(
+        report,
+        policy_repo,
+        [
+            (
+                "  max_gpu_memory_share: 0.75  # headroom for bursts",
+                "  max_gpu_memory_share: 0.8   # headroom for bursts",
+            )
+        ],
+    )
+    assert report.decision.compaction is None
+    assert report.body is not None
+    assert "~ gpupool-flex/deployment-llama-8b-flex.yaml" in report.body
+    assert "- --kv-cache-memory-bytes" in report.body
+
+
+@pytest.fixture
+def compaction_worker() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """An HTTP endpoint standing where the compaction worker listens; records requests."""
+    received: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers["Content-Length"])
+            received.append(json.loads(self.rfile.read(length)))
+            self.send_response(202)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/compaction", received
+    server.shutdown()
+
+
+def test_low_hit_rate_with_sparse_cache_requests_compaction(
+    scenario_prometheus: Server,
+    policy_repo: Path,
+    compaction_worker: tuple[str, list[dict[str, Any]]],
+) -> None:
+    url, received = compaction_worker
+    report = _cycle(scenario_prometheus, policy_repo, "kv_sparse", compaction_url=url)
+    assert report.decision.proposal is None
+    assert _tuner_branches(policy_repo) == []
+    assert report.compaction_outcome == "delivered"
+    assert len(received) == 1
+    request = received[0]
+    assert request["kind"] == "gpupool.compaction-request"
+    assert request["workloads"] == ["llama-8b-flex"]
+    assert request["namespace"] == "gpupool-flex"
+    assert {e["series"] for e in request["evidence"]} == {
+        "gpupool:kv_cache_hit_rate:ratio",
+        "gpupool:kv_cache_usage:ratio",
+    }
+    # within kv_cache.compaction_min_interval a second cycle does not ask again
+    again = _cycle(scenario_prometheus, policy_repo, "kv_sparse", compaction_url=url)
+    assert again.decision.compaction is None and len(received) == 1
+
+
+@pytest.mark.parametrize(("scenario", "kind"), [("stale", "stale"), ("nan", "nan")])
+def test_bad_data_fails_closed(
+    scenario_prometheus: Server, policy_repo: Path, scenario: str, kind: str
+) -> None:
+    metrics = TunerMetrics.create()
+    report = _cycle(scenario_prometheus, policy_repo, scenario, metrics)
+    assert report.decision.proposal is None
+    assert _tuner_branches(policy_repo) == []
+    flex = next(n for n in report.decision.noops if n.rule == "idle-flex-demand")
+    assert flex.fail_closed == kind and flex.reason.startswith("fail closed")
+    value = metrics.registry.get_sample_value(
+        "gpupool_tuner_fail_closed_skips_total", {"rule": "idle-flex-demand", "kind": kind}
+    )
+    assert value == 1
+
+
+def test_prometheus_stopped_fails_closed(tmp_path: Path, policy_repo: Path) -> None:
+    server = start_prometheus(scenarios.PROMETHEUS_CONFIG, tmp_path / "prom")
+    server.stop()
+    metrics = TunerMetrics.create()
+    report = _cycle(server, policy_repo, "idle", metrics)
+    assert report.decision.proposal is None and report.decision.compaction is None
+    assert _tuner_branches(policy_repo) == []
+    assert {n.fail_closed for n in report.decision.noops} == {"unreachable"}
+    assert (
+        metrics.registry.get_sample_value(
+            "gpupool_tuner_fail_closed_skips_total",
+            {"rule": "idle-flex-demand", "kind": "unreachable"},
+        )
+        == 1
+    )
+
+
+def test_rerun_on_unchanged_data_proposes_nothing_new(
+    scenario_prometheus: Server, policy_repo: Path
+) -> None:
+    first = _cycle(scenario_prometheus, policy_repo, "idle")
+    assert first.outcome == "created"
+    head = _git(policy_repo, "rev-parse", first.branch or "")
+    # same data, same state: the cooldown holds the next proposal back
+    second = _cycle(scenario_prometheus, policy_repo, "idle")
+    assert second.decision.proposal is None
+    assert any("cooldown" in n.reason for n in second.decision.noops)
+    # same data with the state forgotten: the content-derived branch already exists
+    state = _git(policy_repo, "rev-parse", "--git-common-dir").strip()
+    (policy_repo / state / "gpupool-tuner" / "state.json").unlink()
+    third = _cycle(scenario_prometheus, policy_repo, "idle")
+    assert third.outcome == "existing" and third.branch == first.branch
+    assert _tuner_branches(policy_repo) == [first.branch]
+    assert _git(policy_repo, "rev-parse", first.branch or "") == head
+
+
+def test_dry_run_writes_nothing(scenario_prometheus: Server, policy_repo: Path) -> None:
+    report = _cycle(scenario_prometheus, policy_repo, "idle", dry_run=True)
+    assert report.outcome == "dry_run" and report.body is not None
+    assert _tuner_branches(policy_repo) == []
+    state = _git(policy_repo, "rev-parse", "--git-common-dir").strip()
+    assert not (policy_repo / state / "gpupool-tuner").exists()
+
+
+def test_cli_once_proposes_and_dry_run_prints_the_body(
+    scenario_prometheus: Server, policy_repo: Path
+) -> None:
+    """``gpupool tune --once`` as a process, the way the Deployment and people run it."""
+    at = str(scenarios.evaluation_time("storm"))
+    base = [
+        sys.executable,
+        "-m",
+        "runtime.cli.app",
+        "tune",
+        "--prometheus",
+        scenario_prometheus.url,
+        "--repo",
+        str(policy_repo),
+        "--once",
+        "--at",
+        at,
+    ]
+    dry = subprocess.run([*base, "--dry-run"], capture_output=True, text=True, cwd=REPO)
+    assert dry.returncode == 0, dry.stderr
+    assert "proposal eviction-storm (dry_run)" in dry.stdout
+    assert "## Evidence" in dry.stdout and _tuner_branches(policy_repo) == []
+    done = subprocess.run(base, capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "proposal eviction-storm (created)" in done.stdout
+    assert len(_tuner_branches(policy_repo)) == 1
+
+
+def test_cli_reports_a_repository_without_the_policy(
+    scenario_prometheus: Server, tmp_path: Path
+) -> None:
+    _git(tmp_path, "init", "-q")
+    _git(
+        tmp_path,
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@example.invalid",
+        "commit",
+        "-q",
+        "--allow-empty",
+        "-m",
+        "empty",
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli.app",
+            "tune",
+            "--prometheus",
+            scenario_prometheus.url,
+            "--repo",
+            str(tmp_path),
+            "--once",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 1
+    assert "policy/pool.yaml" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_uncommitted_work_is_left_alone_and_not_proposed(
+    scenario_prometheus: Server, policy_repo: Path
+) -> None:
+    edited = SHIPPED.replace("name: demo-cluster", "name: my-local-edit")
+    (policy_repo / "policy" / "pool.yaml").write_text(edited)
+    (policy_repo / "notes.txt").write_text("untracked\n")
+    report = _cycle(scenario_prometheus, policy_repo, "idle")
+    assert report.outcome == "created" and report.branch is not None
+    assert "my-local-edit" not in _proposed_text(policy_repo, report.branch)
+    assert (policy_repo / "policy" / "pool.yaml").read_text() == edited
+    assert _git(policy_repo, "status", "--porcelain").splitlines() == [
+        " M policy/pool.yaml",
+        "?? notes.txt",
+    ]

@@ -1,0 +1,90 @@
+"""Our rules agree with the installed vLLM 0.32: the block sizes each backend declares, the
+rejection of a size our code rejects, and the KV-transfer config keys vLLM reads.
+
+In-process and short (no engine start); slow only because importing vLLM takes ~30 s here.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import vllm
+
+from policy import PoolPolicy
+from policy.workloads import FlexWorkload
+from runtime.vllm import BackendError, plan_kv_cache
+from runtime.vllm.backends import BLOCK_RULES, BlockRule, block_rule, check_block_size
+from tests.vllm.conftest import model
+
+pytestmark = pytest.mark.slow
+
+VLLM_ROOT = Path(vllm.__file__).parent
+
+
+def _declared(rule: BlockRule) -> list[Any]:
+    """The backend's ``get_supported_kernel_block_sizes()``, or its source text where the class
+    cannot be imported without CUDA (FLASH_ATTN_MLA, CUTLASS_MLA)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    try:
+        backend = AttentionBackendEnum[rule.vllm_name].get_class()
+    except (ImportError, AssertionError, RuntimeError):
+        source = (VLLM_ROOT / rule.source).read_text()
+        body = source.split("def get_supported_kernel_block_sizes", 1)[1].split("def ", 1)[0]
+        return [body]
+    return list(backend.get_supported_kernel_block_sizes())
+
+
+@pytest.mark.parametrize("rule", list(BLOCK_RULES.values()), ids=lambda r: r.vllm_name)
+def test_rules_match_what_vllm_declares(rule: BlockRule) -> None:
+    from vllm.v1.attention.backend import MultipleOf
+
+    declared = _declared(rule)
+    if declared and isinstance(declared[0], str):
+        expected = f"[{rule.step}]" if rule.fixed else f"[MultipleOf({rule.step})]"
+        assert f"return {expected}" in declared[0]
+    elif rule.fixed:
+        assert declared == [rule.step]
+    else:
+        assert declared == [MultipleOf(rule.step)]
+
+
+def test_block_16_on_cpu_is_rejected_by_vllm_too() -> None:
+    """The check vLLM runs at engine start (``select_common_block_size``) refuses it too."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.worker.utils import select_common_block_size
+
+    cpu = AttentionBackendEnum["CPU_ATTN"].get_class()
+    with pytest.raises(BackendError, match="multiple of 32"):
+        check_block_size(block_rule("cpu", mla=False), 16)
+    with pytest.raises(ValueError, match=r"No common block size for 16 \(CPU_ATTN"):
+        select_common_block_size(16, [cpu])
+    assert select_common_block_size(32, [cpu]) == 32
+
+
+def test_kv_transfer_config_keys_are_the_ones_vllm_reads(
+    policy: PoolPolicy, workload: FlexWorkload
+) -> None:
+    from vllm.config.kv_transfer import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    plan = plan_kv_cache(policy, workload, model("llama-3-8b"))
+    assert plan.kv_transfer_config is not None
+    config = KVTransferConfig(**plan.kv_transfer_config)
+    assert config.kv_connector in KVConnectorFactory._registry
+    extra = config.kv_connector_extra_config
+    spec = OffloadingSpecFactory.get_spec_cls(extra)
+    assert spec.__name__ == "TieringOffloadingSpec"
+    (tier,) = extra["secondary_tiers"]
+    tier_cls = SecondaryTierFactory.get_tier_class(tier)
+    assert tier_cls.__name__ == "FileSystemTierManager"
+    parameters = inspect.signature(tier_cls.__init__).parameters
+    assert set(tier) - {"type"} <= set(parameters)  # root_dir is a constructor argument
+    assert tier["root_dir"] == workload.snapshot_volume.mount_path
+    cpu_spec = (VLLM_ROOT / "v1/kv_offload/cpu/spec.py").read_text()
+    assert 'extra_config.get("cpu_bytes_to_use")' in cpu_spec
