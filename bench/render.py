@@ -5,7 +5,7 @@
 Stages, each timed (best of ``--repeats``, except strict validation, run once):
 load (YAML parse + validation + model configs + vLLM args), build (pure builders),
 render (objects -> YAML text), write (atomic files), validate (kubernetes-validate strict,
-1.30, every object). Baselines measured in the same run:
+1.30, every built-in object). Baselines measured in the same run:
 - ``json`` round-trip of the same objects (``json.loads(json.dumps(..., sort_keys=True))``):
   the cheapest faithful serialization, so render/json is what YAML + stable names cost;
 - the same objects rendered as two halves: render(all) / (render(half 1) + render(half 2))
@@ -37,6 +37,9 @@ from infra.render import render_documents
 from policy import DEFAULT_POLICY
 
 T = TypeVar("T")
+
+CRD_GROUPS = ("karpenter.sh/", "monitoring.coreos.com/")
+"""Kinds kubernetes-validate has no schema for (checked by their own tests)."""
 
 
 def best_of(repeats: int, fn: Callable[[], T]) -> tuple[float, T]:
@@ -93,7 +96,8 @@ def main() -> None:
             max(20, opts.repeats), lambda: json.loads(json.dumps(objects, sort_keys=True))
         )
         start = time.perf_counter()
-        for obj in objects:
+        built_in = [o for o in objects if not o["apiVersion"].startswith(CRD_GROUPS)]
+        for obj in built_in:
             kubernetes_validate.validate(obj, "1.30.0", strict=True)
         t_validate = time.perf_counter() - start
 
@@ -103,7 +107,7 @@ def main() -> None:
         ("build: pure builders", t_build),
         ("render: YAML text, stable names", t_render),
         ("write: atomic files into an empty directory", t_write),
-        ("validate: kubernetes-validate strict 1.30, every object", t_validate),
+        (f"validate: kubernetes-validate strict 1.30, {len(built_in)} built-in", t_validate),
         ("baseline: json round-trip of the same objects", t_json),
         ("baseline: render of the two halves of the objects, summed", t_halves),
     ]
@@ -112,7 +116,7 @@ def main() -> None:
         print(f"  {label:<58} {seconds * 1000:10.1f} ms")
     print(f"  render / json round-trip: {t_render / t_json:.1f}x")
     print(f"  render all / render halves: {t_render / (t_halves):.2f}x")
-    print(f"  validate per object: {t_validate / per_object * 1000:.1f} ms")
+    print(f"  validate per object: {t_validate / len(built_in) * 1000:.1f} ms")
 
 
 if __name__ == "__main__":

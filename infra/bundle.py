@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from alerts.manifests import monitoring_objects
 from infra.builders.meta import Manifest
 from infra.builders.namespaces import namespaces
 from infra.builders.nodepools import Target, node_pools
@@ -20,6 +21,9 @@ INFERENCE_WORKLOAD = "gpupool:flex:InferenceWorkload"
 
 SCHEDULING = "gpupool:cluster:Scheduling"
 """Pulumi type token of the namespaces + PriorityClasses component; everything else needs it."""
+
+MONITORING = "gpupool:system:Monitoring"
+"""Pulumi type token of the monitoring objects (``alerts.manifests.monitoring_objects``)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ def build_groups(
             "runtime",
             (*service_accounts_and_rbac(policy), *tuner(policy)),
         ),
+        ObjectGroup(MONITORING, "monitoring", tuple(monitoring_objects(policy))),
     ]
     groups += [
         ObjectGroup(INFERENCE_WORKLOAD, w.name, tuple(flex_workload(policy, w, vllm_args[w.name])))

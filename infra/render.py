@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ruamel.yaml import YAML
+from ruamel.yaml.representer import SafeRepresenter
 
 from infra.builders.meta import Manifest
 
@@ -23,6 +24,17 @@ KUSTOMIZATION = "kustomization.yaml"
 
 HEADER = "# Rendered by `gpupool render` from the policy; edit the policy, not this file.\n"
 """First line of every rendered file."""
+
+
+class _BlockTextRepresenter(SafeRepresenter):
+    """Multi-line strings (embedded configs, dashboards) as ``|`` blocks: diffs show lines."""
+
+    def represent_str(self, data: str) -> Any:
+        style = "|" if "\n" in data else None
+        return self.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_BlockTextRepresenter.add_representer(str, _BlockTextRepresenter.represent_str)
 
 
 class DuplicateObject(ValueError):
@@ -39,6 +51,7 @@ def object_path(obj: Manifest) -> str:
 def to_yaml(data: Any) -> str:
     """Block-style YAML with sorted keys; byte-identical for equal data."""
     yaml = YAML(typ="safe", pure=True)
+    yaml.Representer = _BlockTextRepresenter
     yaml.default_flow_style = False
     yaml.width = 4096  # never fold long strings (args, descriptions): folds hurt diffs
     out = io.StringIO()

@@ -1,8 +1,9 @@
 """One flex vLLM workload: Deployment, snapshot PVC, Service, PodDisruptionBudget and HPA.
 
-The HPA scales on ``gpupool_flex_gpu_budget``, an External metric (served by
-prometheus-adapter from the recording rule ``gpupool:flex_gpu_budget``) whose value is the
-number of GPUs the workload may occupy right now. With an ``AverageValue`` target of
+The HPA scales on ``catalogue.HPA_METRIC`` (``gpupool_flex_gpu_budget``), an External metric
+that prometheus-adapter serves from the recording rule ``catalogue.FLEX_GPU_BUDGET``
+(``gpupool:flex_gpu_budget``, label ``catalogue.BUDGET_LABEL``); its value is the number of
+GPUs the workload may occupy right now. With an ``AverageValue`` target of
 ``gpus_per_replica`` the HPA's desired replica count is ``ceil(budget / gpus_per_replica)``,
 clamped to the workload's replica bounds.
 """
@@ -16,9 +17,7 @@ from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
 from infra.builders.rbac import COMPACTION_SERVICE_ACCOUNT
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
-
-FLEX_GPU_BUDGET_METRIC = "gpupool_flex_gpu_budget"
-"""External metric the HPA reads; its ``workload`` label selects one workload's budget."""
+from runtime.metrics import catalogue
 
 CACHE_MOUNT_PATH = "/var/lib/gpupool/cache"
 """Writable home for model downloads and compiler caches (the root filesystem is the image's)."""
@@ -274,8 +273,8 @@ def autoscaler(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
                     "type": "External",
                     "external": {
                         "metric": {
-                            "name": FLEX_GPU_BUDGET_METRIC,
-                            "selector": {"matchLabels": {"workload": workload.name}},
+                            "name": catalogue.HPA_METRIC,
+                            "selector": {"matchLabels": {catalogue.BUDGET_LABEL: workload.name}},
                         },
                         "target": {
                             "type": "AverageValue",

@@ -7,7 +7,6 @@ from collections import Counter
 import pytest
 
 from infra.builders.meta import Manifest
-from infra.builders.workload import FLEX_GPU_BUDGET_METRIC
 from infra.bundle import MissingVllmArgs, build_bundle, build_groups
 from policy import PoolPolicy, load_policy
 from tests.infra.policies import explicit_args, policy_with, two_workloads
@@ -129,7 +128,7 @@ def test_pdb_and_hpa_follow_policy() -> None:
     ]
     (metric,) = hpa["metrics"]
     assert metric["external"]["metric"] == {
-        "name": FLEX_GPU_BUDGET_METRIC,
+        "name": "gpupool_flex_gpu_budget",
         "selector": {"matchLabels": {"workload": w.name}},
     }
     assert metric["external"]["target"] == {

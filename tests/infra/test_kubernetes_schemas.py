@@ -13,7 +13,7 @@ from policy import PoolPolicy, load_policy
 from tests.infra.policies import explicit_args, two_workloads
 
 VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
-CRD_GROUPS = ("karpenter.sh/",)
+CRD_GROUPS = ("karpenter.sh/", "monitoring.coreos.com/")  # checked by their own schema tests
 
 
 def built_in(policy: PoolPolicy, target: str) -> list[Manifest]:
