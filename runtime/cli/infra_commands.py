@@ -15,6 +15,7 @@ from infra.bundle import build_bundle
 from infra.diff import diff_documents
 from infra.inputs import load_inputs
 from infra.output import write_documents
+from infra.pipeline import render_policy_file
 from infra.render import render_documents
 from infra.summary import summarize
 from policy import DEFAULT_POLICY
@@ -45,7 +46,7 @@ def render(
 ) -> None:
     """Write every object as YAML, one file each, byte-identical for the same policy."""
     with reported_errors():
-        documents = rendered(file, target)
+        documents = render_policy_file(file, target=target)
         result = write_documents(out, documents)
     console.print(
         f"{out}: {len(documents)} files ({len(result.written)} written, "
@@ -64,7 +65,9 @@ def diff(
 ) -> None:
     """Render both policies and print the object-level difference (exit 0 unless --exit-code)."""
     with reported_errors():
-        text = diff_documents(rendered(old, target), rendered(new, target))
+        text = diff_documents(
+            render_policy_file(old, target=target), render_policy_file(new, target=target)
+        )
     typer.echo(text or "no differences", nl=not text)
     if text and exit_code:
         raise typer.Exit(1)
