@@ -26,7 +26,7 @@ install: $(VENV)/.core
 install-test: $(VENV)/.test
 
 servers:
-	@command -v prometheus >/dev/null && command -v alertmanager >/dev/null \
+	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null \
 	  && command -v promtool >/dev/null && command -v amtool >/dev/null || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
