@@ -19,7 +19,13 @@ from policy.kvcache import KvCache
 from runtime.kvcache import scheduler_side
 from runtime.kvcache.metrics import CompactionMetrics
 from runtime.kvcache.mover import Strategy
-from runtime.kvcache.planner import Move, fragmentation, packed_watermark, plan_moves
+from runtime.kvcache.planner import (
+    Move,
+    PlanError,
+    fragmentation,
+    packed_watermark,
+    plan_moves,
+)
 from runtime.kvcache.saturation import deferral_reason
 
 RELOCATE_RPC = "gpupool_kv_relocate"
@@ -118,7 +124,11 @@ class EngineController:
             return self._outcome("deferred", reason)
         occ = scheduler_side.occupancy(self._manager().block_pool)
         target = packed_watermark(len(occ.occupied)) if watermark is None else watermark
-        moves = plan_moves(occ.occupied, occ.free, target, max_moves=limits.max_moves)
+        try:
+            moves = plan_moves(occ.occupied, occ.free, target, max_moves=limits.max_moves)
+        except PlanError as exc:
+            self.metrics.compactions.labels("refused").inc()
+            return self._outcome("refused", str(exc))
         if not moves:
             self.metrics.compactions.labels("noop").inc()
             return self._outcome("noop", "already packed below the watermark")
@@ -131,14 +141,23 @@ class EngineController:
         return self._outcome("done", "", len(moves), copied, pause)
 
     def shrink(self, num_blocks: int, limits: CompactionLimits) -> Outcome:
-        """Pack below ``num_blocks``, then cut the pool and its memory to ``num_blocks``."""
+        """Pack below ``num_blocks``, then cut the pool and its memory to ``num_blocks``.
+
+        Prefix-cached blocks that no longer fit are evicted, least recently used first;
+        blocks held by requests must fit, or the shrink is refused.
+        """
         started = time.perf_counter()
         current = self._manager().block_pool.num_gpu_blocks
         if not 2 <= num_blocks <= current:
             self.metrics.compactions.labels("refused").inc()
             return self._outcome("refused", f"shrink target {num_blocks} not in [2, {current}]")
+        reason = self._deferral(limits)
+        if reason is not None:
+            self.metrics.compactions.labels("deferred").inc()
+            return self._outcome("deferred", reason)
+        scheduler_side.evict_cached(self._manager().block_pool, num_blocks - 1)
         packed = self.compact(limits, watermark=num_blocks)
-        if packed.status == "deferred":
+        if packed.status in ("deferred", "refused"):
             return packed
         occ = scheduler_side.occupancy(self._manager().block_pool)
         left = [b for b in occ.occupied if b >= num_blocks]
@@ -209,9 +228,11 @@ class EngineController:
             return {"text": self.metrics_text()}
         if op == "grow":
             return asdict(self.grow(args.get("num_blocks")))
+        if op not in ("compact", "shrink"):
+            raise ValueError(
+                f"unknown op {op!r}; expected status, metrics, compact, shrink or grow"
+            )
         limits = CompactionLimits(**args["limits"])
         if op == "compact":
             return asdict(self.compact(limits))
-        if op == "shrink":
-            return asdict(self.shrink(int(args["num_blocks"]), limits))
-        raise ValueError(f"unknown op {op!r}; expected status, metrics, compact, shrink or grow")
+        return asdict(self.shrink(int(args["num_blocks"]), limits))

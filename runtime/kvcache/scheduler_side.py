@@ -58,6 +58,24 @@ def occupancy(pool: BlockPool) -> Occupancy:
     return Occupancy(occupied, free, pool.num_gpu_blocks)
 
 
+def evict_cached(pool: BlockPool, max_occupied: int) -> int:
+    """Evict prefix-cached free blocks, least recently used first, until at most
+    ``max_occupied`` blocks are occupied; returns how many were evicted.
+
+    Blocks held by requests are never evicted; this is what lets a shrink keep the most
+    useful part of the prefix cache instead of refusing or dropping all of it.
+    """
+    excess = len(occupancy(pool).occupied) - max_occupied
+    queue, evicted = pool.free_block_queue, 0
+    node = queue.fake_free_list_head.next_free_block
+    while excess > evicted and node is not None and node is not queue.fake_free_list_tail:
+        if _is_occupied(pool, node):
+            pool._maybe_evict_cached_block(node)
+            evicted += 1
+        node = node.next_free_block
+    return evicted
+
+
 def _rekey(mapping: dict[int, Any], a: int, b: int) -> None:
     """Swap the entries of keys ``a`` and ``b`` (either may be absent)."""
     va, vb = mapping.pop(a, None), mapping.pop(b, None)
