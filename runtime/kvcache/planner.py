@@ -67,7 +67,7 @@ def plan_moves(
     if max_moves is not None:
         if max_moves < 0:
             raise PlanError(f"max_moves must be >= 0, found {max_moves}")
-        sources = sources[len(sources) - max_moves :] if max_moves else []
+        sources = sources[max(0, len(sources) - max_moves) :] if max_moves else []
     slots = [b for b in free_ids if b < watermark]
     if len(slots) < len(sources):
         raise PlanError(
