@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from runtime.cli import policy_commands
+from runtime.cli import kvcache_commands, policy_commands
 
 app = typer.Typer(
     name="gpupool",
@@ -16,6 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 policy_commands.register(app)
+kvcache_commands.register(app)
 
 
 def main() -> None:

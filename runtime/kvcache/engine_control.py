@@ -15,10 +15,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from policy.kvcache import KvCache
 from runtime.kvcache import scheduler_side
+from runtime.kvcache.limits import CompactionLimits, Strategy
 from runtime.kvcache.metrics import CompactionMetrics
-from runtime.kvcache.mover import Strategy
 from runtime.kvcache.planner import (
     Move,
     PlanError,
@@ -32,22 +31,6 @@ RELOCATE_RPC = "gpupool_kv_relocate"
 """Worker method (added by the plugin) that copies blocks and renames block-table ids."""
 RESIZE_RPC = "gpupool_kv_resize"
 """Worker method (added by the plugin) that re-binds the KV views to a resized buffer."""
-
-
-@dataclass(frozen=True)
-class CompactionLimits:
-    """Per-request bounds; the sidecar sends its policy's values."""
-
-    max_moves: int
-    """Most block moves in one pause (policy ``kv_cache.compaction_max_moves``)."""
-    saturation_usage: float
-    """Defer at or above this KV usage (policy ``kv_cache.page_table_max_usage``)."""
-    strategy: Strategy = "runs"
-    """How the worker copies blocks (see ``mover.Strategy``)."""
-
-    @classmethod
-    def from_policy(cls, kv: KvCache) -> CompactionLimits:
-        return cls(max_moves=kv.compaction_max_moves, saturation_usage=kv.page_table_max_usage)
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,14 @@ above the watermark and destinations below it), so the copy order does not matte
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from runtime.kvcache.limits import Strategy
 from runtime.kvcache.planner import Move
-
-Strategy = Literal["runs", "gather"]
-"""``runs``: one strided copy per run of consecutive moves (best when copies are large,
-e.g. on CPU); ``gather``: one index_select + index_copy_ over all moves (fewest launches)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +75,7 @@ def _stack(layers: list[torch.Tensor]) -> torch.Tensor | None:
     base.set_(storage)
     offsets = [t.data_ptr() - storage.data_ptr() for t in layers]
     layer_stride = offsets[1] - offsets[0] if len(offsets) > 1 else 0
-    if any(b - a != layer_stride for a, b in zip(offsets, offsets[1:], strict=False)):
+    if any(b - a != layer_stride for a, b in itertools.pairwise(offsets)):
         return None
     return torch.as_strided(
         base,

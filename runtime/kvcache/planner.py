@@ -59,7 +59,9 @@ def plan_moves(
     occupied_ids = sorted(set(occupied) - {NULL_BLOCK})
     free_ids = sorted(set(free) - {NULL_BLOCK})
     if watermark < 1:
-        raise PlanError(f"watermark must be at least 1 (block 0 is the null block), found {watermark}")
+        raise PlanError(
+            f"watermark must be at least 1 (block 0 is the null block), found {watermark}"
+        )
     overlap = set(occupied_ids) & set(free_ids)
     if overlap:
         raise PlanError(f"blocks both occupied and free: {sorted(overlap)[:8]}")

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.kvcache.mover import Strategy
+from runtime.kvcache.limits import Strategy
 from runtime.kvcache.planner import Move
 
 ENABLE_ENV = "GPUPOOL_KV_COMPACTION"
@@ -60,7 +60,9 @@ def register() -> None:
     if _installed or not settings.enabled:
         return
     if settings.socket is not None and settings.token_file is None:
-        raise RuntimeError(f"{SOCKET_ENV} is set but {TOKEN_FILE_ENV} is not: the socket needs a token")
+        raise RuntimeError(
+            f"{SOCKET_ENV} is set but {TOKEN_FILE_ENV} is not: the socket needs a token"
+        )
     _install_worker_methods()
     _install_engine_hooks(settings)
     _installed = True

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from runtime.kvcache.mover import BlockMover, Strategy
+from runtime.kvcache.limits import Strategy
+from runtime.kvcache.mover import BlockMover
 from runtime.kvcache.planner import Move
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from runtime.kvcache.engine_control import CompactionLimits
+from runtime.kvcache.limits import CompactionLimits
 
 TOTAL_BLOCKS = 4096
 """Pool size the engine starts with (64 MiB of KV: big enough that a shrink shows in RSS)."""
@@ -74,7 +74,9 @@ class Engine:
         for view in self.runner.kv_caches:
             view.normal_()
 
-    def run(self, prompts: list[list[int]], hook: Hook | None = None, max_tokens: int = 40) -> dict[int, Finished]:
+    def run(
+        self, prompts: list[list[int]], hook: Hook | None = None, max_tokens: int = 40
+    ) -> dict[int, Finished]:
         """Greedy generation in waves from a scattered pool full of noise; ``hook(step)`` after
         every step."""
         from vllm import SamplingParams
@@ -83,7 +85,9 @@ class Engine:
         assert self.core.reset_prefix_cache()
         self.scatter_free_blocks()
         self.fill_kv_with_noise()
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        params = SamplingParams(
+            temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False
+        )
         pending = list(enumerate(prompts))
         done: dict[int, Finished] = {}
         step = 0
@@ -95,7 +99,9 @@ class Engine:
                 pending = pending[WAVE_SIZE:]
             for out in self.engine.step():
                 if out.finished:
-                    done[int(out.request_id)] = Finished(list(out.outputs[0].token_ids), out.num_cached_tokens or 0)
+                    done[int(out.request_id)] = Finished(
+                        list(out.outputs[0].token_ids), out.num_cached_tokens or 0
+                    )
             step += 1
             if hook is not None:
                 hook(step)
@@ -128,4 +134,6 @@ def check_pool(pool: Any) -> None:
         blocks = entry.values() if isinstance(entry, dict) else [entry]
         for block in blocks:
             assert pool.blocks[block.block_id] is block
-            assert block.block_hash == key or key in pool.cached_block_hashes_by_block.get(block.block_id, ())
+            assert block.block_hash == key or key in pool.cached_block_hashes_by_block.get(
+                block.block_id, ()
+            )

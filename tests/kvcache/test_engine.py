@@ -108,7 +108,7 @@ def test_shrunk_pool_never_allocates_above_its_size_and_grow_restores(engine: En
     allocate = engine.pool.get_new_blocks
 
     def recording(num_blocks: int) -> list[Any]:
-        blocks = allocate(num_blocks)
+        blocks: list[Any] = allocate(num_blocks)
         highest.extend(b.block_id for b in blocks)
         return blocks
 
