@@ -120,7 +120,8 @@ class EngineController:
         self.metrics.compactions.labels("done").inc()
         self.metrics.blocks_moved.inc(len(moves))
         self.metrics.bytes_moved.inc(copied)
-        self.metrics.pause_seconds.observe(pause)
+        if watermark is None:  # a shrink observes its whole pause, compaction included
+            self.metrics.pause_seconds.observe(pause)
         return self._outcome("done", "", len(moves), copied, pause)
 
     def shrink(self, num_blocks: int, limits: CompactionLimits) -> Outcome:
@@ -149,6 +150,7 @@ class EngineController:
             return self._outcome("refused", reason, packed.blocks_moved, packed.bytes_moved)
         scheduler_side.shrink(self._manager(), self.core.scheduler, num_blocks)
         resized = self.core.model_executor.collective_rpc(RESIZE_RPC, args=(num_blocks,))[0]
+        self.metrics.resizes.labels("shrink").inc()
         return self._resized(resized, started, packed)
 
     def grow(self, num_blocks: int | None = None) -> Outcome:
@@ -165,6 +167,7 @@ class EngineController:
             return self._outcome("noop", "pool already at the requested size")
         resized = self.core.model_executor.collective_rpc(RESIZE_RPC, args=(target,))[0]
         scheduler_side.grow(self._manager(), self.core.scheduler, target)
+        self.metrics.resizes.labels("grow").inc()
         return self._resized(resized, started, Outcome("done"))
 
     def _resized(self, resized: dict[str, int], started: float, packed: Outcome) -> Outcome:

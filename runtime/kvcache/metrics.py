@@ -16,6 +16,12 @@ class CompactionMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.resizes = Counter(
+            "gpupool_kv_resizes",
+            "Pool resizes done, by direction (shrink, grow).",
+            ["direction"],
+            registry=registry,
+        )
         self.blocks_moved = Counter(
             "gpupool_kv_blocks_moved", "KV blocks relocated.", registry=registry
         )

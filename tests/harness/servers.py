@@ -124,9 +124,11 @@ def start_prometheus(config: str, workdir: Path, *, data_dir: Path | None = None
 
 def start_alertmanager(config: str, workdir: Path) -> Server:
     """Alertmanager with ``config`` (YAML text), clustering off."""
-    binary = require_binary("prometheus-alertmanager") if shutil.which(
-        "prometheus-alertmanager"
-    ) else require_binary("alertmanager")
+    binary = (
+        require_binary("prometheus-alertmanager")
+        if shutil.which("prometheus-alertmanager")
+        else require_binary("alertmanager")
+    )
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "alertmanager.yml"
     config_file.write_text(config)
@@ -147,8 +149,16 @@ def start_alertmanager(config: str, workdir: Path) -> Server:
     )
 
 
-def start_vllm_server(args: Sequence[str], workdir: Path, *, timeout_s: float = 400) -> Server:
-    """vLLM's OpenAI server (CPU build) with ``args`` after ``--model``; ready on /health."""
+def start_vllm_server(
+    args: Sequence[str],
+    workdir: Path,
+    *,
+    timeout_s: float = 400,
+    env: dict[str, str] | None = None,
+) -> Server:
+    """vLLM's OpenAI server (CPU build) with ``args`` after ``--model``; ready on /health.
+
+    ``env`` adds to the server's environment (e.g. to activate a gpupool plugin)."""
     port = free_port()
     argv = [
         sys.executable,
@@ -166,5 +176,10 @@ def start_vllm_server(args: Sequence[str], workdir: Path, *, timeout_s: float = 
         ready_path="/health",
         log=workdir / "vllm.log",
         timeout_s=timeout_s,
-        env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        env={
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **(env or {}),
+        },
     )
