@@ -98,7 +98,8 @@ def test_sidecar_shrinks_grows_and_prefix_hits_keep_counting(served: Served) -> 
     decision, reply = worker.poll()  # usage is tiny: compact, then shrink
     assert decision.action == "shrink" and reply is not None, (decision, reply)
     assert reply["status"] == "done", reply
-    assert reply["usable_blocks"] == decision.num_blocks < POOL_BLOCKS
+    assert decision.num_blocks is not None and decision.num_blocks < POOL_BLOCKS
+    assert reply["usable_blocks"] == decision.num_blocks
     assert reply["released_bytes"] > 0 and reply["released_measured_bytes"] > 0
     status = worker.client.call("status")
     assert status["highest_occupied"] < status["usable_blocks"] == decision.num_blocks
