@@ -1,12 +1,16 @@
-"""Copy KV blocks inside vLLM's KV buffer, all layers at once, on the buffer's own device.
+"""Copy KV blocks inside vLLM's KV buffer, every layer, on the buffer's own device.
 
 vLLM 0.32 keeps every layer of a KV cache group in one backing allocation with the layer
 dimension outermost (layout LBHNC): layer ``l`` of block ``b`` starts at
-``offset + l * layer_stride + b * block_stride``. The mover views that allocation as one
-``[layers, blocks, page_bytes]`` byte tensor, so a run of consecutive blocks is ONE strided
-``copy_`` for all layers. Layers that do not share an evenly strided allocation fall back to
-one copy per layer. Sources and destinations never overlap (the planner takes sources at or
-above the watermark and destinations below it), so the copy order does not matter.
+``offset + l * layer_stride + b * block_stride``, and one block of one layer (a page) is
+contiguous. The mover sees each layer as ``[blocks, page_words]`` in the widest integer type
+the page size and alignment allow (CPU copy kernels move int64 several times faster than
+bytes). Sources and destinations never overlap (the planner takes sources at or above the
+watermark and destinations below it), so the copy order does not matter.
+
+Measured on CPU (bench/compaction.py): one contiguous copy per run and layer beats both a
+single strided copy over all layers and an index gather; ``gather`` is there for devices
+where kernel launches, not bytes, dominate.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import torch
 
 from runtime.kvcache.limits import Strategy
 from runtime.kvcache.planner import Move
+
+_WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 
 
 @dataclass(frozen=True)
@@ -42,11 +48,20 @@ def coalesce(moves: Iterable[Move]) -> list[Run]:
     return runs
 
 
-def _byte_blocks(view: torch.Tensor) -> torch.Tensor:
-    """``[blocks, page_bytes]`` uint8 alias of a per-layer view ``[blocks, ...]``."""
+def _pages(view: torch.Tensor) -> torch.Tensor:
+    """``[blocks, page_words]`` alias of a per-layer view ``[blocks, ...]`` (never a copy)."""
     if not view[0].is_contiguous():
         raise ValueError(f"KV view with strides {tuple(view.stride())} is not block-contiguous")
-    return view.view(view.shape[0], -1).view(torch.uint8)
+    pages = view.view(view.shape[0], -1).view(torch.uint8)
+    for word in _WORDS:
+        size = torch.empty(0, dtype=word).element_size()
+        if (
+            pages.shape[1] % size == 0
+            and pages.data_ptr() % size == 0
+            and pages.stride(0) % size == 0
+        ):
+            return pages.view(word)
+    return pages
 
 
 def _distinct(views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -61,27 +76,25 @@ def _distinct(views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _stack(layers: list[torch.Tensor]) -> torch.Tensor | None:
-    """The ``[layers, blocks, page_bytes]`` view of one evenly strided allocation, if any."""
+    """The ``[layers, blocks, page_words]`` view of one evenly strided allocation, if any."""
     first = layers[0]
-    storage = first.untyped_storage()
     if any(
-        t.untyped_storage().data_ptr() != storage.data_ptr()
-        or t.shape != first.shape
-        or t.stride() != first.stride()
+        t.shape != first.shape or t.stride() != first.stride() or t.dtype != first.dtype
         for t in layers
     ):
         return None
-    base = torch.empty(0, dtype=torch.uint8, device=first.device)
-    base.set_(storage)
-    offsets = [t.data_ptr() - storage.data_ptr() for t in layers]
+    storage = first.untyped_storage()
+    if any(t.untyped_storage().data_ptr() != storage.data_ptr() for t in layers):
+        return None
+    size = first.element_size()
+    offsets = [(t.data_ptr() - storage.data_ptr()) // size for t in layers]
     layer_stride = offsets[1] - offsets[0] if len(offsets) > 1 else 0
     if any(b - a != layer_stride for a, b in itertools.pairwise(offsets)):
         return None
+    base = torch.empty(0, dtype=first.dtype, device=first.device)
+    base.set_(storage, 0, (storage.nbytes() // size,), (1,))
     return torch.as_strided(
-        base,
-        (len(layers), first.shape[0], first[0].numel() * first.element_size()),
-        (layer_stride, first.stride(0) * first.element_size(), 1),
-        offsets[0],
+        base, (len(layers), *first.shape), (layer_stride, *first.stride()), offsets[0]
     )
 
 
@@ -89,15 +102,11 @@ class BlockMover:
     """Moves blocks of every KV layer given as per-layer views ``[num_blocks, ...]``."""
 
     def __init__(self, views: Sequence[torch.Tensor], strategy: Strategy = "runs") -> None:
-        layers = [_byte_blocks(v) for v in _distinct(views)]
-        if not layers:
+        self.layers = [_pages(v) for v in _distinct(views)]
+        if not self.layers:
             raise ValueError("no KV cache views to move blocks in")
-        stacked = _stack(layers)
-        self.groups: list[torch.Tensor] = (
-            [stacked] if stacked is not None else [t.unsqueeze(0) for t in layers]
-        )
         self.strategy: Strategy = strategy
-        self.block_bytes = sum(g.shape[0] * g.shape[2] for g in self.groups)
+        self.block_bytes = sum(t.shape[1] * t.element_size() for t in self.layers)
         """Bytes of one block summed over all layers (what one move copies)."""
 
     def move(self, moves: Sequence[Move]) -> int:
@@ -106,15 +115,17 @@ class BlockMover:
             return 0
         if self.strategy == "runs":
             runs = coalesce(moves)
-            for group in self.groups:
+            for layer in self.layers:
                 for run in runs:
-                    group[:, run.dst : run.dst + run.length].copy_(
-                        group[:, run.src : run.src + run.length]
+                    layer[run.dst : run.dst + run.length].copy_(
+                        layer[run.src : run.src + run.length]
                     )
-        else:
-            device = self.groups[0].device
-            src = torch.tensor([m.src for m in moves], dtype=torch.long, device=device)
-            dst = torch.tensor([m.dst for m in moves], dtype=torch.long, device=device)
-            for group in self.groups:
-                group.index_copy_(1, dst, group.index_select(1, src))
+            return len(moves) * self.block_bytes
+        device = self.layers[0].device
+        src = torch.tensor([m.src for m in moves], dtype=torch.long, device=device)
+        dst = torch.tensor([m.dst for m in moves], dtype=torch.long, device=device)
+        stacked = _stack(self.layers)
+        groups = [stacked] if stacked is not None else [t.unsqueeze(0) for t in self.layers]
+        for group in groups:
+            group.index_copy_(1, dst, group.index_select(1, src))
         return len(moves) * self.block_bytes

@@ -158,6 +158,20 @@ def test_cli_talks_to_the_plugin_and_reports_a_bad_token(served: Served, tmp_pat
     assert json.loads(status.stdout)["original_blocks"] == POOL_BLOCKS
     compacted = runner.invoke(app, ["kv-worker", "compact", *common])
     assert compacted.exit_code == 0 and json.loads(compacted.stdout)["status"] in ("done", "noop")
+    one_poll = runner.invoke(
+        app,
+        [
+            "kv-worker", "run", *common, "--metrics-url", served.server.url + "/metrics",
+            "--listen", f"127.0.0.1:{free_port()}", "--polls", "1",
+        ],
+    )  # fmt: skip
+    assert one_poll.exit_code == 0, one_poll.output
+    assert json.loads(one_poll.stderr.strip().splitlines()[-1])["decision"]["action"] in (
+        "none",
+        "compact",
+        "shrink",
+        "grow",
+    )
     wrong = tmp_path / "token"
     wrong.write_text("not-the-token")
     refused = runner.invoke(
