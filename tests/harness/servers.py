@@ -124,11 +124,9 @@ def start_prometheus(config: str, workdir: Path, *, data_dir: Path | None = None
 
 def start_alertmanager(config: str, workdir: Path) -> Server:
     """Alertmanager with ``config`` (YAML text), clustering off."""
-    binary = (
-        require_binary("prometheus-alertmanager")
-        if shutil.which("prometheus-alertmanager")
-        else require_binary("alertmanager")
-    )
+    binary = require_binary("prometheus-alertmanager") if shutil.which(
+        "prometheus-alertmanager"
+    ) else require_binary("alertmanager")
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "alertmanager.yml"
     config_file.write_text(config)
