@@ -34,9 +34,13 @@ def token_secret_name(workload: FlexWorkload) -> str:
 
 
 def vllm_plugin_env() -> list[dict[str, str]]:
-    """Environment of the vLLM container that activates the plugin and its control socket."""
+    """Environment of the vLLM container that activates the plugin and its control socket.
+
+    The plugin renames block ids in the V1 model runner's tables; vLLM 0.32 picks Model
+    Runner V2 by default when Triton is present (GPUs), so the V1 runner is requested."""
     return [
         {"name": ENABLE_ENV, "value": "1"},
+        {"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "0"},
         {"name": SOCKET_ENV, "value": SOCKET_PATH},
         {"name": TOKEN_FILE_ENV, "value": TOKEN_PATH},
     ]

@@ -26,6 +26,20 @@ class ResizeUnsupported(RuntimeError):
     """The KV layout is not one this resize knows how to narrow or widen."""
 
 
+class RunnerUnsupported(RuntimeError):
+    """The model runner keeps block tables where this module does not look (Model Runner V2)."""
+
+
+def _require_v1_runner(runner: Any) -> None:
+    """Refuse, before touching anything, a runner whose block tables live elsewhere."""
+    if not (hasattr(runner, "requests") and hasattr(runner, "input_batch")):
+        raise RunnerUnsupported(
+            f"{type(runner).__name__} is not vLLM's V1 model runner; set "
+            "VLLM_USE_V2_MODEL_RUNNER=0 on instances that compact (runtime.kvcache.sidecar "
+            "does)"
+        )
+
+
 def _layer_views(runner: Any) -> dict[str, torch.Tensor]:
     context = runner.compilation_config.static_forward_context
     return {
@@ -37,6 +51,7 @@ def _layer_views(runner: Any) -> dict[str, torch.Tensor]:
 
 def relocate(runner: Any, moves: list[Move], strategy: Strategy = "runs") -> int:
     """Copy each move's block in every layer, then rename ids in all block tables."""
+    _require_v1_runner(runner)
     copied = BlockMover(runner.kv_caches, strategy).move(moves)
     if not moves:
         return copied
@@ -83,7 +98,14 @@ def resize(runner: Any, num_blocks: int) -> ResizeResult:
     ``min(old, new)`` blocks are copied into a fresh allocation with the same layout, the
     attention layers and ``runner.kv_caches`` are re-bound, and the old storage is dropped.
     """
+    _require_v1_runner(runner)
     device = runner.kv_caches[0].device
+    mode = getattr(runner.compilation_config, "cudagraph_mode", None)
+    if device.type == "cuda" and mode is not None and mode.has_full_cudagraphs():
+        raise ResizeUnsupported(
+            "full CUDA graphs captured the KV buffer's address; resize needs "
+            """--compilation-config '{"cudagraph_mode": "PIECEWISE"}' or --enforce-eager"""
+        )
     before = _device_bytes(device)
     old_bytes, new_bytes = _rebind(runner, num_blocks)
     gc.collect()

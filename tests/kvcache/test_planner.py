@@ -93,3 +93,15 @@ def test_mover_copies_every_layer_of_a_vllm_shaped_buffer(strategy: str) -> None
             assert torch.equal(view[m.dst], old[m.src])
         untouched = [b for b in range(blocks) if b not in {m.dst for m in moves}]
         assert torch.equal(view[untouched], old[untouched])
+
+
+def test_worker_side_refuses_a_runner_it_does_not_know_before_copying() -> None:
+    from runtime.kvcache.worker_side import RunnerUnsupported, relocate, resize
+
+    class ModelRunnerV2:
+        """Stands for a runner without V1's ``requests`` and ``input_batch``."""
+
+    with pytest.raises(RunnerUnsupported, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+        relocate(ModelRunnerV2(), [Move(5, 1)])
+    with pytest.raises(RunnerUnsupported):
+        resize(ModelRunnerV2(), 8)
