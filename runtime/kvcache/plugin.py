@@ -8,8 +8,9 @@ Scheduler side (EngineCore process):
     request served under the same lock runs between two steps;
   * ``EngineCore.gpupool_kv(op, args)``: a utility method (front ends reach it with
     ``engine_core.call_utility("gpupool_kv", op, args)``; utilities run between steps);
-  * after ``EngineCore._initialize_kv_caches``: when ``GPUPOOL_KV_SOCKET`` is set, the control
-    socket (``control.ControlServer``), token from ``GPUPOOL_KV_TOKEN_FILE``.
+  * after ``EngineCore._initialize_kv_caches``: when ``GPUPOOL_KV_SOCKET`` is set (read per
+    engine), the control socket (``control.ControlServer``), token from
+    ``GPUPOOL_KV_TOKEN_FILE``.
 Worker side (worker process, called through ``collective_rpc`` by method name):
   * ``gpupool_kv_relocate(pairs, strategy)``: copy blocks, rename block-table ids;
   * ``gpupool_kv_resize(num_blocks)``: re-bind every layer to a resized KV buffer.
@@ -35,7 +36,7 @@ _installed = False
 
 @dataclass(frozen=True)
 class PluginSettings:
-    """Activation and control-socket settings, read once from the environment."""
+    """Activation and control-socket settings, as the environment gives them now."""
 
     enabled: bool
     socket: Path | None
@@ -64,7 +65,7 @@ def register() -> None:
             f"{SOCKET_ENV} is set but {TOKEN_FILE_ENV} is not: the socket needs a token"
         )
     _install_worker_methods()
-    _install_engine_hooks(settings)
+    _install_engine_hooks()
     _installed = True
 
 
@@ -101,7 +102,7 @@ def controller(core: Any) -> Any:
     return found
 
 
-def _install_engine_hooks(settings: PluginSettings) -> None:
+def _install_engine_hooks() -> None:
     from vllm.v1.engine.core import EngineCore
 
     from runtime.kvcache.control import ControlServer, read_token
@@ -124,10 +125,11 @@ def _install_engine_hooks(settings: PluginSettings) -> None:
 
     def initialize_kv_caches(self: Any, *a: Any, **kw: Any) -> Any:
         config = init_kv(self, *a, **kw)
-        if settings.socket is not None and settings.token_file is not None:
+        current = PluginSettings.from_env()  # per engine: a process may host several
+        if current.enabled and current.socket is not None and current.token_file is not None:
             self._gpupool_control = ControlServer(
-                settings.socket,
-                read_token(settings.token_file),
+                current.socket,
+                read_token(current.token_file),
                 lambda op, args: gpupool_kv(self, op, args),
             )
         return config

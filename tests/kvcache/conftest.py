@@ -52,13 +52,13 @@ def engine(control_token: tuple[Path, Path, str]) -> Iterator[Engine]:
         num_gpu_blocks_override=TOTAL_BLOCKS,
         seed=0,
     )
-    handle = Engine(llm)
-    handle.redraw_weights()
-    yield handle
-    handle.core._gpupool_control.close()
-    del llm
+    # restore at once: servers other tests start inherit os.environ and must not take the socket
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+    handle = Engine(llm)
+    handle.redraw_weights()
+    yield handle
+    handle.core._gpupool_control.close()
