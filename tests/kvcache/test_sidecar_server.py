@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,12 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    plugins = {ep.value for ep in entry_points(group="vllm.general_plugins")}
+    if "runtime.kvcache.plugin:register" not in plugins:
+        pytest.fail(
+            "the gpupool vLLM plugin is not registered in this environment: run "
+            "`pip install --no-deps -e .` so the entry point in pyproject.toml is installed"
+        )
     workdir = tmp_path_factory.mktemp("kvsrv")
     token_file = workdir / "token"
     token_file.write_text(secrets.token_hex(16))
