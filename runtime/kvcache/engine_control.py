@@ -69,6 +69,7 @@ class EngineController:
             "usable_blocks": occ.num_blocks,
             "original_blocks": self.original_blocks,
             "occupied_blocks": len(occ.occupied),
+            "held_blocks": occ.held,
             "free_blocks": len(occ.free),
             "highest_occupied": max(occ.occupied, default=0),
             "usage": pool.get_usage(),
@@ -139,6 +140,11 @@ class EngineController:
         if reason is not None:
             self.metrics.compactions.labels("deferred").inc()
             return self._outcome("deferred", reason)
+        held = scheduler_side.occupancy(self._manager().block_pool).held
+        if held >= num_blocks:
+            self.metrics.compactions.labels("refused").inc()
+            reason = f"requests hold {held} blocks; a pool of {num_blocks} cannot take them"
+            return self._outcome("refused", reason)
         scheduler_side.evict_cached(self._manager().block_pool, num_blocks - 1)
         packed = self.compact(limits, watermark=num_blocks)
         if packed.status in ("deferred", "refused"):

@@ -35,6 +35,8 @@ class Occupancy:
     """Reference count 0 and no hash: nothing reads them."""
     num_blocks: int
     """Usable pool size (ids ``0 .. num_blocks - 1``)."""
+    held: int
+    """How many occupied blocks requests hold (the rest are only prefix-cached)."""
 
 
 def _is_occupied(pool: BlockPool, block: KVCacheBlock) -> bool:
@@ -55,7 +57,8 @@ def occupancy(pool: BlockPool) -> Occupancy:
     free: list[int] = []
     for block in pool.blocks[1:]:
         (occupied if _is_occupied(pool, block) else free).append(block.block_id)
-    return Occupancy(occupied, free, pool.num_gpu_blocks)
+    held = sum(1 for block in pool.blocks[1:] if block.ref_cnt > 0)
+    return Occupancy(occupied, free, pool.num_gpu_blocks, held)
 
 
 def evict_cached(pool: BlockPool, max_occupied: int) -> int:

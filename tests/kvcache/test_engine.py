@@ -154,6 +154,27 @@ def test_saturated_compaction_is_deferred_and_passes_are_bounded(
     assert {i: f.tokens for i, f in out.items()} == {i: f.tokens for i, f in reference.items()}
 
 
+def test_shrink_below_what_requests_hold_is_refused_and_changes_nothing(
+    engine: Engine, reference: dict[int, Finished]
+) -> None:
+    refused: list[dict[str, Any]] = []
+
+    def hook(step: int) -> None:
+        if step == 5:
+            before = engine.control("status")
+            assert before["held_blocks"] > 0
+            refused.append(
+                engine.control("shrink", num_blocks=before["held_blocks"], limits=limits())
+            )
+            after = engine.control("status")
+            assert after["usable_blocks"] == before["usable_blocks"] == TOTAL_BLOCKS
+            assert after["occupied_blocks"] == before["occupied_blocks"]  # no cache evicted
+
+    out = engine.run(PROMPTS, hook)
+    assert refused[0]["status"] == "refused" and "hold" in refused[0]["reason"]
+    assert {i: f.tokens for i, f in out.items()} == {i: f.tokens for i, f in reference.items()}
+
+
 def test_control_socket_rejects_a_wrong_token(
     engine: Engine, control_token: tuple[Path, str, str]
 ) -> None:
