@@ -40,6 +40,19 @@ class KvCache(StrictModel):
     """Compact (then shrink) when KV block usage stays below this share."""
     compaction_min_interval: Duration = "5m"
     """Shortest time between two compactions of one instance (Prometheus duration)."""
+    compaction_max_moves: int = Field(4096, ge=1)
+    """Most KV blocks one compaction pass moves while the engine pauses; a larger backlog is
+    packed over several passes, highest blocks first (bounds the pause on a big pool)."""
+    shrink_target_usage: Fraction = 0.60
+    """After compaction the sidecar shrinks the pool so occupied blocks fill this share;
+    between ``compaction_usage_below`` and ``page_table_max_usage`` so a shrink neither
+    re-triggers compaction nor makes the instance count as full."""
+    compaction_poll_interval: Duration = "15s"
+    """How often the compaction sidecar reads the instance's metrics and decides."""
+    compaction_worker_image: str = Field("gpupool/gpupool:0.1.0", min_length=1)
+    """Image of the compaction sidecar (gpupool installed; runs ``gpupool kv-worker run``)."""
+    compaction_worker_port: int = Field(9400, ge=1024, le=65535)
+    """Port of the sidecar's ``/metrics`` (Prometheus) and ``POST /shrink`` (tuner, webhook)."""
 
     @model_validator(mode="after")
     def _fits(self) -> KvCache:
@@ -56,6 +69,14 @@ class KvCache(StrictModel):
             f"compaction_usage_below ({self.compaction_usage_below}) must be below "
             f"page_table_max_usage ({self.page_table_max_usage}); a full cache is not "
             "worth compacting",
+        )
+        found.require(
+            self.compaction_usage_below < self.shrink_target_usage < self.page_table_max_usage,
+            "shrink_target_usage",
+            f"shrink_target_usage ({self.shrink_target_usage}) must lie between "
+            f"compaction_usage_below ({self.compaction_usage_below}) and page_table_max_usage "
+            f"({self.page_table_max_usage}): a shrunk pool must neither re-trigger compaction "
+            "nor count as full",
         )
         found.raise_if_any()
         return self

@@ -7,6 +7,7 @@ import typer
 from runtime.cli import (
     alerts_commands,
     infra_commands,
+    kvcache_commands,
     policy_commands,
     tuner_commands,
     vllm_commands,
@@ -24,6 +25,7 @@ infra_commands.register(app)
 vllm_commands.register(app)
 alerts_commands.register(app)
 tuner_commands.register(app)
+kvcache_commands.register(app)
 
 
 def main() -> None:

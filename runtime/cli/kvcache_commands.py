@@ -1,0 +1,137 @@
+"""``gpupool kv-worker``: the compaction sidecar loop, and one-shot requests to the plugin."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from policy import DEFAULT_POLICY, load_policy
+from policy.base import duration_seconds
+from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.kvcache.control import ControlClient, ControlError, read_token
+from runtime.kvcache.limits import CompactionLimits
+from runtime.kvcache.sidecar import SOCKET_PATH, TOKEN_PATH
+
+kv_app = typer.Typer(
+    name="kv-worker",
+    help="KV-cache compaction: run the sidecar, or ask the engine's plugin directly.",
+    no_args_is_help=True,
+)
+
+SocketOpt = Annotated[Path, typer.Option("--socket", help="The plugin's control socket.")]
+TokenOpt = Annotated[Path, typer.Option("--token-file", help="File holding the control token.")]
+PolicyOpt = Annotated[Path, typer.Option("--policy", help="Policy file with the triggers.")]
+
+
+def _client(socket: Path, token_file: Path) -> ControlClient:
+    try:
+        return ControlClient(socket, read_token(token_file))
+    except ControlError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+def _call(socket: Path, token_file: Path, op: str, **args: Any) -> None:
+    with reported_errors():
+        try:
+            reply = _client(socket, token_file).call(op, **args)
+        except ControlError as exc:
+            raise UsageProblem(str(exc)) from None
+        typer.echo(reply["text"] if op == "metrics" else json.dumps(reply, indent=2))
+
+
+def _limits(policy: Path) -> dict[str, Any]:
+    with reported_errors():
+        return CompactionLimits.from_policy(load_policy(policy).kv_cache).__dict__
+
+
+@kv_app.command()
+def status(socket: SocketOpt = Path(SOCKET_PATH), token_file: TokenOpt = Path(TOKEN_PATH)) -> None:
+    """Pool size, occupancy, fragmentation and load as the engine sees them."""
+    _call(socket, token_file, "status")
+
+
+@kv_app.command()
+def metrics(socket: SocketOpt = Path(SOCKET_PATH), token_file: TokenOpt = Path(TOKEN_PATH)) -> None:
+    """The plugin's Prometheus metrics."""
+    _call(socket, token_file, "metrics")
+
+
+@kv_app.command()
+def compact(
+    socket: SocketOpt = Path(SOCKET_PATH),
+    token_file: TokenOpt = Path(TOKEN_PATH),
+    policy: PolicyOpt = DEFAULT_POLICY,
+) -> None:
+    """Pack occupied blocks into the low end of the pool (bounded by the policy)."""
+    _call(socket, token_file, "compact", limits=_limits(policy))
+
+
+@kv_app.command()
+def shrink(
+    num_blocks: Annotated[int, typer.Argument(help="New pool size in blocks.")],
+    socket: SocketOpt = Path(SOCKET_PATH),
+    token_file: TokenOpt = Path(TOKEN_PATH),
+    policy: PolicyOpt = DEFAULT_POLICY,
+) -> None:
+    """Compact below NUM_BLOCKS, cut the pool to it and release the memory."""
+    _call(socket, token_file, "shrink", num_blocks=num_blocks, limits=_limits(policy))
+
+
+@kv_app.command()
+def grow(
+    num_blocks: Annotated[
+        int | None, typer.Argument(help="New pool size (default: the starting size).")
+    ] = None,
+    socket: SocketOpt = Path(SOCKET_PATH),
+    token_file: TokenOpt = Path(TOKEN_PATH),
+) -> None:
+    """Widen the pool again, at most to the size the engine started with."""
+    _call(socket, token_file, "grow", num_blocks=num_blocks)
+
+
+@kv_app.command()
+def run(
+    metrics_url: Annotated[str, typer.Option("--metrics-url", help="The instance's /metrics.")],
+    socket: SocketOpt = Path(SOCKET_PATH),
+    token_file: TokenOpt = Path(TOKEN_PATH),
+    policy: PolicyOpt = DEFAULT_POLICY,
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT of /metrics and POST /shrink.")
+    ] = "127.0.0.1:9400",
+    polls: Annotated[
+        int, typer.Option("--polls", help="Stop after this many polls (0 = run forever).")
+    ] = 0,
+) -> None:
+    """The sidecar: poll metrics, decide from the policy's triggers, drive the plugin."""
+    from runtime.kvcache.worker import CompactionWorker, serve_http
+
+    with reported_errors():
+        loaded = load_policy(policy)
+        try:
+            token = read_token(token_file)
+        except ControlError as exc:
+            raise UsageProblem(str(exc)) from None
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageProblem(f"--listen: expected HOST:PORT, found {listen!r}")
+    worker = CompactionWorker(loaded, metrics_url, ControlClient(socket, token))
+    server = serve_http(worker, host, int(port), token)
+    interval = duration_seconds(loaded.kv_cache.compaction_poll_interval)
+    done = 0
+    try:
+        while polls == 0 or done < polls:
+            decision, reply = worker.poll()
+            typer.echo(json.dumps({"decision": decision.__dict__, "reply": reply}), err=True)
+            done += 1
+            if polls == 0 or done < polls:
+                time.sleep(interval)
+    finally:
+        server.shutdown()
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(kv_app)

@@ -1,0 +1,32 @@
+"""Bounds of one compaction request, sent by the sidecar with its policy's values.
+
+Kept free of vLLM imports: the CLI and the sidecar build limits without loading the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from policy.kvcache import KvCache
+
+Strategy = Literal["runs", "gather"]
+"""How blocks are copied: ``runs``: one strided copy (all layers) per run of consecutive
+moves, best when copies are large, e.g. on CPU; ``gather``: one index_select + index_copy_
+over all moves per layer group, the fewest kernel launches."""
+
+
+@dataclass(frozen=True)
+class CompactionLimits:
+    """Per-request bounds; the sidecar sends its policy's values."""
+
+    max_moves: int
+    """Most block moves in one pause (policy ``kv_cache.compaction_max_moves``)."""
+    saturation_usage: float
+    """Defer at or above this KV usage (policy ``kv_cache.page_table_max_usage``)."""
+    strategy: Strategy = "runs"
+    """How the worker copies blocks (see ``Strategy``)."""
+
+    @classmethod
+    def from_policy(cls, kv: KvCache) -> CompactionLimits:
+        return cls(max_moves=kv.compaction_max_moves, saturation_usage=kv.page_table_max_usage)

@@ -1,0 +1,157 @@
+"""Scheduler-side half of a relocation or resize: vLLM's ``BlockPool`` and its id-keyed maps.
+
+Runs in the EngineCore process, between two ``EngineCore.step`` calls. A move swaps the
+``block_id`` of the moved block object and of the free, unhashed destination object (and
+their places in ``BlockPool.blocks``). Everything that holds block OBJECTS (requests'
+``req_to_blocks``, the free queue's linked list, the prefix-cache map values) stays valid;
+what is keyed by the integer id (``cached_block_hashes_by_block``, the dict form of the
+prefix-cache map, reuse watchers, block metrics) is re-keyed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+from runtime.kvcache.planner import NULL_BLOCK, Move
+
+
+class PoolStateError(RuntimeError):
+    """The pool is in a state a relocation or resize must not touch."""
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """Which block ids hold data the engine may still read, and which are empty."""
+
+    occupied: list[int]
+    """Held by a request or kept for prefix caching (hashed), block 0 excluded."""
+    free: list[int]
+    """Reference count 0 and no hash: nothing reads them."""
+    num_blocks: int
+    """Usable pool size (ids ``0 .. num_blocks - 1``)."""
+    held: int
+    """How many occupied blocks requests hold (the rest are only prefix-cached)."""
+
+
+def _is_occupied(pool: BlockPool, block: KVCacheBlock) -> bool:
+    return (
+        block.ref_cnt > 0
+        or block.block_hash is not None
+        or block.block_id in pool.cached_block_hashes_by_block
+    )
+
+
+def occupancy(pool: BlockPool) -> Occupancy:
+    """Occupied and free ids of ``pool`` (refuses while a connector still reads freed blocks)."""
+    if pool._reuse_watchers:
+        raise PoolStateError(
+            f"{len(pool._reuse_watchers)} released blocks are still read by a KV connector"
+        )
+    occupied: list[int] = []
+    free: list[int] = []
+    for block in pool.blocks[1:]:
+        (occupied if _is_occupied(pool, block) else free).append(block.block_id)
+    held = sum(1 for block in pool.blocks[1:] if block.ref_cnt > 0)
+    return Occupancy(occupied, free, pool.num_gpu_blocks, held)
+
+
+def evict_cached(pool: BlockPool, max_occupied: int) -> int:
+    """Evict prefix-cached free blocks, least recently used first, until at most
+    ``max_occupied`` blocks are occupied; returns how many were evicted.
+
+    Blocks held by requests are never evicted; this is what lets a shrink keep the most
+    useful part of the prefix cache instead of refusing or dropping all of it.
+    """
+    excess = len(occupancy(pool).occupied) - max_occupied
+    queue, evicted = pool.free_block_queue, 0
+    node = queue.fake_free_list_head.next_free_block
+    while excess > evicted and node is not None and node is not queue.fake_free_list_tail:
+        if _is_occupied(pool, node):
+            pool._maybe_evict_cached_block(node)
+            evicted += 1
+        node = node.next_free_block
+    return evicted
+
+
+def _rekey(mapping: dict[int, Any], a: int, b: int) -> None:
+    """Swap the entries of keys ``a`` and ``b`` (either may be absent)."""
+    va, vb = mapping.pop(a, None), mapping.pop(b, None)
+    if va is not None:
+        mapping[b] = va
+    if vb is not None:
+        mapping[a] = vb
+
+
+def _block_keys(pool: BlockPool, block: KVCacheBlock) -> list[Any]:
+    keys = [block.block_hash] if block.block_hash is not None else []
+    keys.extend(pool.cached_block_hashes_by_block.get(block.block_id, ()))
+    return keys
+
+
+def relocate(manager: KVCacheManager, moves: Sequence[Move]) -> None:
+    """Give each moved block the id of its destination; the data must already be copied."""
+    pool = manager.block_pool
+    for move in moves:
+        src, dst = pool.blocks[move.src], pool.blocks[move.dst]
+        if NULL_BLOCK in move or src.is_null or dst.is_null:
+            raise PoolStateError(f"move {move} touches the null block")
+        if _is_occupied(pool, dst) or not _is_occupied(pool, src):
+            raise PoolStateError(f"move {move}: source must be occupied, destination free")
+        cache = pool.cached_block_hash_to_block._cache
+        for key in _block_keys(pool, src):
+            entry = cache.get(key)
+            if isinstance(entry, dict) and move.src in entry:
+                entry[move.dst] = entry.pop(move.src)
+        _rekey(pool.cached_block_hashes_by_block, move.src, move.dst)
+        if pool.metrics_collector is not None:
+            _rekey(pool.metrics_collector.block_metrics, move.src, move.dst)
+        src.block_id, dst.block_id = move.dst, move.src
+        pool.blocks[move.dst], pool.blocks[move.src] = src, dst
+    mapping = {m.src: m.dst for m in moves}
+    for single in manager.coordinator.single_type_managers:
+        single.new_block_ids = [mapping.get(b, b) for b in single.new_block_ids]
+
+
+def _configs(manager: KVCacheManager, scheduler: Any) -> list[Any]:
+    found: dict[int, Any] = {}
+    for owner in (scheduler, manager, manager.coordinator):
+        config = getattr(owner, "kv_cache_config", None)
+        if config is not None:
+            found[id(config)] = config
+    return list(found.values())
+
+
+def _set_size(manager: KVCacheManager, scheduler: Any, num_blocks: int) -> None:
+    manager.watermark_blocks = int(scheduler.scheduler_config.watermark * num_blocks)
+    manager.block_pool.num_gpu_blocks = num_blocks
+    for config in _configs(manager, scheduler):
+        config.num_blocks = num_blocks
+    scheduler.cache_config.num_gpu_blocks = num_blocks
+
+
+def shrink(manager: KVCacheManager, scheduler: Any, num_blocks: int) -> None:
+    """Drop blocks ``>= num_blocks`` from the pool; they must all be free and unhashed."""
+    pool = manager.block_pool
+    tail = pool.blocks[num_blocks:]
+    busy = [b.block_id for b in tail if _is_occupied(pool, b)]
+    if busy:
+        raise PoolStateError(f"blocks {busy[:8]} at or above {num_blocks} are still occupied")
+    for block in tail:
+        pool.free_block_queue.remove(block)
+    del pool.blocks[num_blocks:]
+    _set_size(manager, scheduler, num_blocks)
+
+
+def grow(manager: KVCacheManager, scheduler: Any, num_blocks: int) -> None:
+    """Add blocks ``len(blocks) .. num_blocks - 1`` as free blocks at the back of the queue."""
+    pool = manager.block_pool
+    added = [KVCacheBlock(i, pool=pool) for i in range(len(pool.blocks), num_blocks)]
+    pool.blocks.extend(added)
+    pool.free_block_queue.append_n(added)
+    _set_size(manager, scheduler, num_blocks)

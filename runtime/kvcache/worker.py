@@ -1,0 +1,179 @@
+"""The compaction sidecar: reads the instance's /metrics, decides, drives the plugin.
+
+Edges only: HTTP scrape of vLLM's ``/metrics``, the plugin's control socket, and a small HTTP
+server for Prometheus (``GET /metrics``: the sidecar's and the plugin's metrics) and for
+shrink requests from the tuner or an alert webhook (``POST /shrink`` with
+``{"num_blocks": N}`` and ``Authorization: Bearer <token>``). Decisions are ``triggers.decide``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from policy import PoolPolicy
+from runtime.kvcache.control import ControlClient, ControlError
+from runtime.kvcache.limits import CompactionLimits
+from runtime.kvcache.triggers import Decision, InstanceSample, PoolState, decide
+
+USAGE = "vllm:kv_cache_usage_perc"
+QUERIES = "vllm:prefix_cache_queries_total"
+HITS = "vllm:prefix_cache_hits_total"
+
+
+def parse_sample(text: str, at_s: float) -> InstanceSample | None:
+    """The sample in a ``/metrics`` page (summed over engines); None if a series is missing."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (USAGE, QUERIES, HITS):
+                found[sample.name] = found.get(sample.name, 0.0) + sample.value
+    if len(found) < 3:
+        return None
+    return InstanceSample(at_s, found[USAGE], found[QUERIES], found[HITS])
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> InstanceSample | None:
+    """One read of ``url``; None when the instance does not answer (fail closed)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    return parse_sample(text, time.monotonic())
+
+
+@dataclass
+class CompactionWorker:
+    """State of one sidecar: the last sample, the last compaction, a pending shrink request."""
+
+    policy: PoolPolicy
+    metrics_url: str
+    client: ControlClient
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    previous: InstanceSample | None = None
+    last_compaction_at_s: float | None = None
+    shrink_request: int | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.decisions = Counter(
+            "gpupool_kv_worker_decisions",
+            "Sidecar decisions by action and outcome reported by the plugin.",
+            ["action", "status"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "gpupool_kv_worker_errors",
+            "Polls that could not read metrics or reach the plugin.",
+            registry=self.registry,
+        )
+
+    def request_shrink(self, num_blocks: int) -> None:
+        """Queue a shrink for the next poll (from the tuner or an alert webhook)."""
+        with self._lock:
+            self.shrink_request = num_blocks
+
+    def poll(self) -> tuple[Decision, dict[str, Any] | None]:
+        """Read metrics and pool, decide, act; returns the decision and the plugin's reply."""
+        current = scrape(self.metrics_url)
+        try:
+            status = self.client.call("status")
+            pool = PoolState(
+                status["usable_blocks"], status["original_blocks"], status["occupied_blocks"]
+            )
+        except ControlError:
+            pool = None
+        with self._lock:
+            request, self.shrink_request = self.shrink_request, None
+        decision = decide(
+            previous=self.previous,
+            current=current,
+            pool=pool,
+            kv=self.policy.kv_cache,
+            hit_rate_min=self.policy.alerting.thresholds.kv_hit_rate.min,
+            last_compaction_at_s=self.last_compaction_at_s,
+            shrink_request=request,
+        )
+        if current is None or pool is None:
+            self.errors.inc()
+        self.previous = current or self.previous
+        reply = self._act(decision)
+        status_label = "none" if reply is None else str(reply.get("status"))
+        self.decisions.labels(decision.action, status_label).inc()
+        if reply is not None and reply.get("status") == "done" and decision.action != "grow":
+            self.last_compaction_at_s = current.at_s if current else time.monotonic()
+        return decision, reply
+
+    def _act(self, decision: Decision) -> dict[str, Any] | None:
+        limits = CompactionLimits.from_policy(self.policy.kv_cache).__dict__
+        try:
+            if decision.action == "compact":
+                return self.client.call("compact", limits=limits)
+            if decision.action == "shrink":
+                return self.client.call("shrink", num_blocks=decision.num_blocks, limits=limits)
+            if decision.action == "grow":
+                return self.client.call("grow", num_blocks=decision.num_blocks)
+        except ControlError as exc:
+            self.errors.inc()
+            return {"status": "error", "reason": str(exc)}
+        return None
+
+    def exposition(self) -> bytes:
+        """The sidecar's metrics followed by the plugin's (read through the socket)."""
+        text = generate_latest(self.registry)
+        try:
+            plugin_text: str = self.client.call("metrics")["text"]
+            return text + plugin_text.encode()
+        except ControlError:
+            return text
+
+
+def serve_http(worker: CompactionWorker, host: str, port: int, token: str) -> ThreadingHTTPServer:
+    """Start the sidecar's HTTP server in a daemon thread (``GET /metrics``, ``POST /shrink``)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/metrics":
+                self._reply(404, b"not found\n")
+                return
+            self._reply(200, worker.exposition(), "text/plain; version=0.0.4")
+
+        def do_POST(self) -> None:
+            supplied = self.headers.get("Authorization", "").removeprefix("Bearer ")
+            if self.path != "/shrink":
+                self._reply(404, b"not found\n")
+            elif not hmac.compare_digest(supplied.encode(), token.encode()):
+                self._reply(401, b"unauthorized\n")
+            else:
+                length = int(self.headers.get("Content-Length", "0"))
+                try:
+                    num_blocks = int(json.loads(self.rfile.read(length))["num_blocks"])
+                except (ValueError, KeyError, TypeError):
+                    self._reply(400, b'expected JSON {"num_blocks": N}\n')
+                    return
+                worker.request_shrink(num_blocks)
+                self._reply(202, b"queued\n")
+
+        def _reply(self, code: int, body: bytes, kind: str = "text/plain") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="gpupool-kv-http", daemon=True).start()
+    return server

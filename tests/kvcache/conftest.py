@@ -1,0 +1,64 @@
+"""One real in-process vLLM engine with the gpupool plugin active, shared by the engine tests."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.servers import TINY_MODEL
+from tests.kvcache.engine import TOTAL_BLOCKS, Engine
+
+ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # scheduler and worker in this process
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "GPUPOOL_KV_COMPACTION": "1",
+}
+
+
+@pytest.fixture(scope="session")
+def control_token(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """Socket path, token file and token for the plugin's control socket."""
+    workdir = tmp_path_factory.mktemp("kvctl")
+    token = secrets.token_hex(16)
+    token_file = workdir / "token"
+    token_file.write_text(token + "\n")
+    return workdir / "kv.sock", token_file, token
+
+
+@pytest.fixture(scope="session")
+def engine(control_token: tuple[Path, Path, str]) -> Iterator[Engine]:
+    socket, token_file, _ = control_token
+    env = {**ENGINE_ENV, "GPUPOOL_KV_SOCKET": str(socket), "GPUPOOL_KV_TOKEN_FILE": str(token_file)}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    from vllm import LLM
+
+    from runtime.kvcache import plugin
+
+    plugin.register()  # vLLM loads plugins once per process; another test may have been first
+    llm = LLM(
+        model=str(TINY_MODEL),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        block_size=32,
+        max_model_len=512,
+        max_num_seqs=32,
+        enforce_eager=True,
+        num_gpu_blocks_override=TOTAL_BLOCKS,
+        seed=0,
+    )
+    # restore at once: servers other tests start inherit os.environ and must not take the socket
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    handle = Engine(llm)
+    handle.redraw_weights()
+    yield handle
+    handle.core._gpupool_control.close()

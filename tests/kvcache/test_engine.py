@@ -1,0 +1,186 @@
+"""Compaction, shrink and grow inside the real vLLM engine, mid-generation, greedy decoding."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.kvcache import plugin
+from runtime.kvcache.control import ControlClient, ControlError
+from runtime.kvcache.mover import BlockMover
+from tests.kvcache.engine import (
+    PREFIX_TOKENS,
+    TOTAL_BLOCKS,
+    WAVE_SIZE,
+    Engine,
+    Finished,
+    check_pool,
+    limits,
+    shared_prefix_prompts,
+)
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = shared_prefix_prompts(24)
+BLOCK_BYTES = 2 * 32 * 2 * 2 * 32 * 2
+"""Bytes of one block over all layers: 2 layers x 32 tokens x 2 KV heads x (K+V) x 32 x bf16."""
+
+
+@pytest.fixture(scope="module")
+def reference(engine: Engine) -> dict[int, Finished]:
+    """The same workload without any compaction."""
+    return engine.run(PROMPTS)
+
+
+def _checked(engine: Engine) -> None:
+    with plugin._lock(engine.core):
+        check_pool(engine.pool)
+
+
+def test_compaction_and_shrink_mid_generation_keep_outputs(
+    engine: Engine, reference: dict[int, Finished], control_token: tuple[Path, str, str]
+) -> None:
+    socket, _, token = control_token
+    client = ControlClient(socket, token)
+    outcomes: list[tuple[str, dict[str, Any]]] = []
+    remote: list[dict[str, Any]] = []
+    caller = threading.Thread(target=lambda: remote.append(client.call("compact", limits=limits())))
+
+    def hook(step: int) -> None:
+        _checked(engine)
+        if step in (3, 11):
+            outcomes.append(("compact", engine.control("compact", limits=limits())))
+        if step == 6:
+            outcomes.append(("shrink", engine.control("shrink", num_blocks=512, limits=limits())))
+        if step == 9:
+            outcomes.append(("grow", engine.control("grow")))
+        if step == 13:
+            outcomes.append(("shrink", engine.control("shrink", num_blocks=640, limits=limits())))
+        if step == 15:
+            caller.start()  # through the socket, concurrently with the next steps
+        if step == 20:
+            caller.join(timeout=60)
+
+    out = engine.run(PROMPTS, hook)
+    engine.control("grow")
+
+    assert {i: f.tokens for i, f in out.items()} == {i: f.tokens for i, f in reference.items()}
+    statuses = [(op, o["status"]) for op, o in outcomes]
+    assert statuses == [
+        ("compact", "done"),
+        ("shrink", "done"),
+        ("grow", "done"),
+        ("compact", "done"),
+        ("shrink", "done"),
+    ], outcomes
+    assert all(o["blocks_moved"] > 0 for op, o in outcomes if op == "compact")
+    assert remote and remote[0]["status"] in ("done", "noop")
+    first_shrink = outcomes[1][1]
+    assert first_shrink["usable_blocks"] == 512
+    assert first_shrink["released_bytes"] == (TOTAL_BLOCKS - 512) * BLOCK_BYTES
+    assert first_shrink["released_measured_bytes"] >= 0.9 * first_shrink["released_bytes"]
+    # prefix caching kept hitting the moved blocks: every request after the first wave
+    assert all(out[i].cached_tokens >= PREFIX_TOKENS for i in range(WAVE_SIZE, len(PROMPTS)))
+
+
+def test_relocating_ids_without_copying_changes_outputs(
+    engine: Engine, reference: dict[int, Finished], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: the output comparison above can fail."""
+    monkeypatch.setattr(BlockMover, "move", lambda self, moves: 0)
+
+    def hook(step: int) -> None:
+        if step in (3, 7, 11, 15):
+            assert engine.control("compact", limits=limits())["status"] == "done"
+
+    out = engine.run(PROMPTS, hook)
+    changed = sum(out[i].tokens != reference[i].tokens for i in reference)
+    assert changed >= 1, "relocating ids without the data went unnoticed"
+
+
+def test_shrunk_pool_never_allocates_above_its_size_and_grow_restores(engine: Engine) -> None:
+    size = 256
+    assert engine.control("shrink", num_blocks=size, limits=limits())["status"] == "done"
+    highest: list[int] = []
+    allocate = engine.pool.get_new_blocks
+
+    def recording(num_blocks: int) -> list[Any]:
+        blocks: list[Any] = allocate(num_blocks)
+        highest.extend(b.block_id for b in blocks)
+        return blocks
+
+    engine.pool.get_new_blocks = recording
+    try:
+        engine.run(PROMPTS)
+        assert highest and max(highest) < size
+        assert engine.runner.input_batch.block_table.block_tables[0].block_table.np.max() < size
+        _checked(engine)
+        grown = engine.control("grow")
+        assert grown["status"] == "done" and grown["usable_blocks"] == TOTAL_BLOCKS
+        assert engine.runner.kv_caches[0].shape[0] == TOTAL_BLOCKS
+        highest.clear()
+        long_prompts = [p * 3 for p in shared_prefix_prompts(32, seed=5)]  # ~10 blocks each
+        engine.run(long_prompts, max_tokens=8)
+        assert max(highest) >= size  # the regained capacity is handed out again
+        _checked(engine)
+    finally:
+        del engine.pool.get_new_blocks
+
+
+def test_saturated_compaction_is_deferred_and_passes_are_bounded(
+    engine: Engine, reference: dict[int, Finished]
+) -> None:
+    assert engine.control("shrink", num_blocks=40, limits=limits())["status"] == "done"
+    seen: dict[str, dict[str, Any]] = {}
+
+    def hook(step: int) -> None:
+        state = engine.control("status")
+        if state["num_waiting"] > 0 and "deferred" not in seen:
+            before = [id(b) for b in engine.pool.blocks]
+            seen["deferred"] = engine.control("compact", limits=limits())
+            assert [id(b) for b in engine.pool.blocks] == before  # nothing touched
+        elif state["num_waiting"] == 0 and state["fragmentation"] > 0 and "bounded" not in seen:
+            seen["bounded"] = engine.control("compact", limits=limits(max_moves=2))
+        _checked(engine)
+
+    out = engine.run(PROMPTS, hook)
+    engine.control("grow")
+    assert seen["deferred"]["status"] == "deferred"
+    assert "waiting" in seen["deferred"]["reason"]
+    assert seen["bounded"]["status"] == "done" and seen["bounded"]["blocks_moved"] == 2
+    assert {i: f.tokens for i, f in out.items()} == {i: f.tokens for i, f in reference.items()}
+
+
+def test_shrink_below_what_requests_hold_is_refused_and_changes_nothing(
+    engine: Engine, reference: dict[int, Finished]
+) -> None:
+    refused: list[dict[str, Any]] = []
+
+    def hook(step: int) -> None:
+        if step == 5:
+            before = engine.control("status")
+            assert before["held_blocks"] > 0
+            refused.append(
+                engine.control("shrink", num_blocks=before["held_blocks"], limits=limits())
+            )
+            after = engine.control("status")
+            assert after["usable_blocks"] == before["usable_blocks"] == TOTAL_BLOCKS
+            assert after["occupied_blocks"] == before["occupied_blocks"]  # no cache evicted
+
+    out = engine.run(PROMPTS, hook)
+    assert refused[0]["status"] == "refused" and "hold" in refused[0]["reason"]
+    assert {i: f.tokens for i, f in out.items()} == {i: f.tokens for i, f in reference.items()}
+
+
+def test_control_socket_rejects_a_wrong_token(
+    engine: Engine, control_token: tuple[Path, str, str]
+) -> None:
+    socket, _, _ = control_token
+    with pytest.raises(ControlError, match="unauthorized"):
+        ControlClient(socket, "not-the-token").call("status")
+    with pytest.raises(ControlError, match="unknown op"):
+        ControlClient(socket, control_token[2]).call("defragment-everything")
+    assert (socket.stat().st_mode & 0o777) == 0o600
