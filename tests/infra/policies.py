@@ -12,18 +12,20 @@ from policy import DEFAULT_POLICY, PoolPolicy, parse_policy
 BASE: Any = YAML(typ="safe").load(DEFAULT_POLICY.read_text())
 
 
+def set_path(doc: Any, path: str, value: Any) -> None:
+    """Set ``doc`` at a dotted path (``"workloads.0.pool"``); list indices are digits."""
+    *parents, last = path.split(".")
+    node = doc
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]
+    node[int(last) if last.isdigit() else last] = value
+
+
 def edited(edits: dict[str, Any] | None = None) -> Any:
     """The default document with ``{"a.b.0.c": value}`` edits applied."""
     doc = copy.deepcopy(BASE)
     for path, value in (edits or {}).items():
-        *parents, last = path.split(".")
-        node = doc
-        for part in parents:
-            node = node[int(part)] if part.isdigit() else node[part]
-        if last.isdigit():
-            node[int(last)] = value
-        else:
-            node[last] = value
+        set_path(doc, path, value)
     return doc
 
 

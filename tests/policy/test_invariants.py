@@ -10,6 +10,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from policy import DEFAULT_POLICY, PolicyError, load_policy
+from tests.infra.policies import set_path
 
 yaml = YAML(typ="rt")
 
@@ -23,17 +24,6 @@ def _write(doc: Any, tmp_path: Path) -> Path:
     with out.open("w") as fh:
         yaml.dump(doc, fh)
     return out
-
-
-def _edit(doc: Any, path: str, value: Any) -> None:
-    *parents, last = path.split(".")
-    node = doc
-    for part in parents:
-        node = node[int(part)] if part.isdigit() else node[part]
-    if last.isdigit():
-        node[int(last)] = value
-    else:
-        node[last] = value
 
 
 CASES = [
@@ -71,7 +61,7 @@ def test_invariant_rejected_precisely(
     tmp_path: Path, field: str, value: Any, reported_path: str, words: list[str]
 ) -> None:
     doc = _default()
-    _edit(doc, field, value)
+    set_path(doc, field, value)
     source = _write(doc, tmp_path)
     with pytest.raises(PolicyError) as caught:
         load_policy(source)
@@ -86,10 +76,10 @@ def test_invariant_rejected_precisely(
 
 def test_every_problem_reported_at_once(tmp_path: Path) -> None:
     doc = _default()
-    _edit(doc, "elastic.shed_above", 0.2)
-    _edit(doc, "disruption.termination_grace_s", 31)
-    _edit(doc, "kv_cache.bogus", 1)
-    _edit(doc, "workloads.0.max_replicas", "many")
+    set_path(doc, "elastic.shed_above", 0.2)
+    set_path(doc, "disruption.termination_grace_s", 31)
+    set_path(doc, "kv_cache.bogus", 1)
+    set_path(doc, "workloads.0.max_replicas", "many")
     with pytest.raises(PolicyError) as caught:
         load_policy(_write(doc, tmp_path))
     paths = {p.path for p in caught.value.problems}
@@ -103,7 +93,7 @@ def test_every_problem_reported_at_once(tmp_path: Path) -> None:
 
 def test_line_numbers_point_at_the_key(tmp_path: Path) -> None:
     doc = _default()
-    _edit(doc, "disruption.drain_s", "slow")
+    set_path(doc, "disruption.drain_s", "slow")
     source = _write(doc, tmp_path)
     with pytest.raises(PolicyError) as caught:
         load_policy(source)
