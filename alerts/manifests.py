@@ -19,7 +19,7 @@ from alerts.adapter import adapter_config
 from alerts.bundle import all_groups
 from alerts.dashboard import dashboard
 from alerts.routing import alertmanager_config
-from alerts.yaml_text import to_yaml
+from infra.yaml_text import to_yaml
 from policy.pool import PoolPolicy
 
 
@@ -46,13 +46,15 @@ def monitoring_objects(policy: PoolPolicy) -> list[dict[str, Any]]:
             "kind": "Secret",
             "metadata": _metadata(policy, policy.metrics.alertmanager_secret),
             "type": "Opaque",
-            "stringData": {"alertmanager.yaml": to_yaml(alertmanager_config(policy))},
+            "stringData": {
+                "alertmanager.yaml": to_yaml(alertmanager_config(policy), sort_keys=False)
+            },
         },
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": _metadata(policy, "gpupool-adapter-rules"),
-            "data": {"config.yaml": to_yaml(adapter_config())},
+            "data": {"config.yaml": to_yaml(adapter_config(), sort_keys=False)},
         },
         {
             "apiVersion": "v1",

@@ -18,18 +18,18 @@ from alerts.adapter import adapter_config
 from alerts.bundle import rule_files
 from alerts.dashboard import dashboard
 from alerts.routing import alertmanager_config
-from alerts.yaml_text import to_yaml
+from infra.yaml_text import to_yaml
 from policy.pool import PoolPolicy
 
 
 def bundle_files(policy: PoolPolicy) -> dict[str, str]:
     """Relative path -> file text of everything ``render`` writes."""
     files = {
-        f"rules/{stem}.yaml": to_yaml({"groups": groups})
+        f"rules/{stem}.yaml": to_yaml({"groups": groups}, sort_keys=False)
         for stem, groups in rule_files(policy).items()
     }
-    files["alertmanager.yml"] = to_yaml(alertmanager_config(policy))
-    files["prometheus-adapter.yaml"] = to_yaml(adapter_config())
+    files["alertmanager.yml"] = to_yaml(alertmanager_config(policy), sort_keys=False)
+    files["prometheus-adapter.yaml"] = to_yaml(adapter_config(), sort_keys=False)
     files["dashboard.json"] = json.dumps(dashboard(policy), indent=2, sort_keys=True) + "\n"
     return files
 

@@ -7,14 +7,10 @@ workload adds files and changes nothing else.
 
 from __future__ import annotations
 
-import io
-from collections.abc import Iterable, Mapping
-from typing import Any
-
-from ruamel.yaml import YAML
-from ruamel.yaml.representer import SafeRepresenter
+from collections.abc import Iterable
 
 from infra.builders.meta import Manifest
+from infra.yaml_text import to_yaml
 
 CLUSTER_DIR = "_cluster"
 """Folder of cluster-scoped objects (``_`` cannot start a namespace name, so it never clashes)."""
@@ -24,17 +20,6 @@ KUSTOMIZATION = "kustomization.yaml"
 
 HEADER = "# Rendered by `gpupool render` from the policy; edit the policy, not this file.\n"
 """First line of every rendered file."""
-
-
-class _BlockTextRepresenter(SafeRepresenter):
-    """Multi-line strings (embedded configs, dashboards) as ``|`` blocks: diffs show lines."""
-
-    def represent_str(self, data: str) -> Any:
-        style = "|" if "\n" in data else None
-        return self.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-
-_BlockTextRepresenter.add_representer(str, _BlockTextRepresenter.represent_str)
 
 
 class DuplicateObject(ValueError):
@@ -48,17 +33,6 @@ def object_path(obj: Manifest) -> str:
     return f"{folder}/{obj['kind'].lower()}-{meta['name']}.yaml"
 
 
-def to_yaml(data: Any) -> str:
-    """Block-style YAML with sorted keys; byte-identical for equal data."""
-    yaml = YAML(typ="safe", pure=True)
-    yaml.Representer = _BlockTextRepresenter
-    yaml.default_flow_style = False
-    yaml.width = 4096  # never fold long strings (args, descriptions): folds hurt diffs
-    out = io.StringIO()
-    yaml.dump(_sorted(data), out)
-    return out.getvalue()
-
-
 def render_documents(objects: Iterable[Manifest]) -> dict[str, str]:
     """Relative file name -> YAML text, one file per object, plus the kustomization."""
     documents: dict[str, str] = {}
@@ -66,20 +40,12 @@ def render_documents(objects: Iterable[Manifest]) -> dict[str, str]:
         path = object_path(obj)
         if path in documents:
             raise DuplicateObject(f"two objects render to {path}")
-        documents[path] = HEADER + to_yaml(obj)
+        documents[path] = HEADER + to_yaml(obj, sort_keys=True)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": list(documents),
     }
-    # The resource order is the apply order: dump it as is, only the top-level keys sorted.
-    documents[KUSTOMIZATION] = HEADER + to_yaml(kustomization)
+    # The resource order is the apply order: the list keeps it, only the keys are sorted.
+    documents[KUSTOMIZATION] = HEADER + to_yaml(kustomization, sort_keys=True)
     return documents
-
-
-def _sorted(data: Any) -> Any:
-    if isinstance(data, Mapping):
-        return {key: _sorted(data[key]) for key in sorted(data)}
-    if isinstance(data, list | tuple):
-        return [_sorted(item) for item in data]
-    return data
