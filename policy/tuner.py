@@ -37,6 +37,8 @@ class Tuner(StrictModel):
     """Repository holding the policy file; cloned into the tuner's volume at pod start."""
     policy_repo_branch: str = Field("main", pattern=r"^[^\s~^:?*\[\\]+$")
     """Branch the tuner clones and proposes changes against."""
+    policy_repo_path: str = Field("policy/pool.yaml", pattern=r"^[^/\s][^\s]*\.ya?ml$")
+    """The policy file inside that repository (``gpupool tune --policy-path``)."""
     policy_repo_auth: RepoAuth = "none"
     """How git authenticates: ``none`` (public or file URL), ``https-token`` (a
     ``kubernetes.io/basic-auth`` Secret: ``username``, ``password`` = token) or ``ssh-key``
