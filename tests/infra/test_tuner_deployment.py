@@ -19,6 +19,7 @@ from infra.builders.runtime_components import (
     tuner_deployment,
 )
 from policy import PolicyError, PoolPolicy, load_policy
+from tests.harness.containers import container_env, run_container
 from tests.infra.policies import policy_with
 
 HTTPS = {
@@ -39,15 +40,11 @@ def _pod(policy: PoolPolicy) -> dict[str, Any]:
     return spec
 
 
-def _env(container: dict[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
-
-
 def test_webhook_token_is_the_secret_alertmanager_sends() -> None:
     """One Secret and key: the tuner's $GPUPOOL_TUNER_TOKEN and Alertmanager's token file."""
     policy = load_policy()
     (tuner,) = _pod(policy)["containers"]
-    ref = _env(tuner)["GPUPOOL_TUNER_TOKEN"]["secretKeyRef"]
+    ref = container_env(tuner)["GPUPOOL_TUNER_TOKEN"]["secretKeyRef"]
     (receiver,) = [
         r
         for r in alertmanager_config(policy)["receivers"]
@@ -64,15 +61,15 @@ def test_ready_when_healthz_answers_and_no_pr_without_a_forge() -> None:
     (tuner,) = pod["containers"]
     assert tuner["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert "--open-pr" not in tuner["command"]
-    assert "GITHUB_TOKEN" not in _env(tuner)
+    assert "GITHUB_TOKEN" not in container_env(tuner)
     command = tuner["command"]
     assert command[command.index("--repo") + 1] == REPO_PATH
     assert command[command.index("--base") + 1] == policy.tuner.policy_repo_branch
     assert command[command.index("--policy-path") + 1] == policy.tuner.policy_repo_path
     (init,) = pod["initContainers"]
     assert init["image"] == tuner["image"] == policy.cluster.runtime_image
-    assert _env(init)["GIT_URL"] == policy.tuner.policy_repo_url
-    assert _env(init)["REPO_DIR"] == REPO_PATH
+    assert container_env(init)["GIT_URL"] == policy.tuner.policy_repo_url
+    assert container_env(init)["REPO_DIR"] == REPO_PATH
     assert "git-credentials" not in {v["name"] for v in pod["volumes"]}
     # the clone lives inside the shared volume, in both containers
     for container in (init, tuner):
@@ -86,7 +83,7 @@ def test_forge_repo_opens_prs_with_the_token_secret() -> None:
     command = tuner["command"]
     assert command[command.index("--forge-repo") - 1] == "--open-pr"
     assert command[command.index("--forge-repo") + 1] == "acme/policy"
-    assert _env(tuner)["GITHUB_TOKEN"] == {
+    assert container_env(tuner)["GITHUB_TOKEN"] == {
         "secretKeyRef": {"name": "gpupool-tuner-github", "key": "token"}
     }
 
@@ -100,7 +97,7 @@ def test_git_credentials_reach_both_containers(edits: dict[str, str], env: str) 
     (volume,) = [v for v in pod["volumes"] if v["name"] == "git-credentials"]
     assert volume["secret"]["secretName"] == edits["tuner.policy_repo_secret"]
     for container in (*pod["initContainers"], *pod["containers"]):
-        assert env in _env(container)
+        assert env in container_env(container)
         assert "git-credentials" in {m["name"] for m in container["volumeMounts"]}
 
 
@@ -136,9 +133,8 @@ def _git(cwd: Path, *args: str) -> str:
 
 def _run_init(container: dict[str, Any], repo_dir: Path, home: Path) -> None:
     """The init container's command with its env, the volume path mapped into ``repo_dir``."""
-    env = {**os.environ, **_env(container), "REPO_DIR": str(repo_dir), "HOME": str(home)}
     assert container["command"] == ["sh", "-c", CLONE_SCRIPT]
-    result = subprocess.run(container["command"], capture_output=True, text=True, env=env)
+    result = run_container(container, REPO_DIR=str(repo_dir), HOME=str(home))
     assert result.returncode == 0, result.stderr
 
 
@@ -177,8 +173,7 @@ def test_init_container_fails_on_a_missing_branch(tmp_path: Path) -> None:
     container = clone_container(
         policy_with({"tuner.policy_repo_url": f"file://{origin}", "tuner.policy_repo_branch": "x"})
     )
-    env = {**os.environ, **_env(container), "REPO_DIR": str(tmp_path / "repo")}
-    result = subprocess.run(container["command"], capture_output=True, text=True, env=env)
+    result = run_container(container, REPO_DIR=str(tmp_path / "repo"), HOME=str(tmp_path))
     assert result.returncode != 0
     assert "branch x not found" in result.stderr
     assert not (tmp_path / "repo").exists()
