@@ -2,7 +2,9 @@
 
 Tuner triggers (alerts labelled ``gpupool_tuner="true"``) go to the tuner's receiver first and
 ``continue`` on to the severity routes, so people still hear them. Critical inhibits warning
-for the same alertname and namespace.
+for the same alertname and namespace. The tuner refuses unauthenticated webhooks, so its
+receiver sends the bearer token from ``policy.tuner.webhook_credentials_file`` (the Secret
+``tuner.webhook_token_secret``, which the Alertmanager resource must list in ``spec.secrets``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.rules import TUNER_LABEL
+from policy.alerting import Receiver
 from policy.pool import PoolPolicy
 
 
@@ -46,10 +49,18 @@ def alertmanager_config(policy: PoolPolicy) -> dict[str, Any]:
             }
         ],
         "receivers": [
-            {
-                "name": r.name,
-                "webhook_configs": [{"url": str(r.webhook_url), "send_resolved": True}],
-            }
-            for r in routing.receivers
+            {"name": r.name, "webhook_configs": [_webhook(policy, r)]} for r in routing.receivers
         ],
     }
+
+
+def _webhook(policy: PoolPolicy, receiver: Receiver) -> dict[str, Any]:
+    hook: dict[str, Any] = {"url": str(receiver.webhook_url), "send_resolved": True}
+    if receiver.name == policy.alerting.routing.tuner_receiver:
+        hook["http_config"] = {
+            "authorization": {
+                "type": "Bearer",
+                "credentials_file": policy.tuner.webhook_credentials_file,
+            }
+        }
+    return hook

@@ -12,6 +12,7 @@ from policy.kvcache import KvCache
 from policy.metrics import MetricSources
 from policy.nodepools import NodePool
 from policy.priorities import Priorities
+from policy.tuner import Tuner
 from policy.workloads import FlexWorkload
 
 _LABEL_KEY = (
@@ -63,6 +64,8 @@ class PoolPolicy(StrictModel):
     """Alert thresholds and Alertmanager routing."""
     metrics: MetricSources = MetricSources()
     """Label names and windows of the metric sources the catalogue queries."""
+    tuner: Tuner = Tuner()
+    """The in-cluster tuner's policy repository, forge and Secret references."""
     workloads: list[FlexWorkload] = Field(default_factory=list)
     """Flex inference workloads."""
 

@@ -2,23 +2,68 @@
 
 It reads Prometheus, proposes policy changes as git branches + PR text, and receives
 Alertmanager webhooks on ``cluster.tuner_port`` (the ``gpupool-tuner`` receiver in pool.yaml
-points at this Service).
+points at this Service). An init container clones ``tuner.policy_repo_url`` into the pod's
+volume with the runtime image's git (the tuner needs git anyway, so no second image). Every
+credential comes from a Secret referenced by name (``policy.tuner``); the bundle never holds
+one.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from infra.builders.meta import Manifest, metadata, selector_labels
 from infra.builders.rbac import TUNER_SERVICE_ACCOUNT
 from policy import PoolPolicy
+from policy.tuner import Tuner
+from runtime.tuner.forge import TOKEN_ENV as FORGE_TOKEN_ENV
+from runtime.tuner.webhook import TOKEN_ENV as WEBHOOK_TOKEN_ENV
 
-REPO_PATH = "/var/lib/gpupool/repo"
+STATE_PATH = "/var/lib/gpupool"
+"""The pod's emptyDir; the clone is a directory inside it, so git creates (and owns) it."""
+
+REPO_PATH = f"{STATE_PATH}/repo"
 """Working clone of the policy repository inside the tuner container."""
+
+GIT_SECRET_PATH = "/etc/gpupool/git"
+"""Where the git credentials Secret (``tuner.policy_repo_secret``) is mounted."""
 
 TUNER_UID = 1000
 """Non-root UID the tuner runs as."""
 
 TUNER_RESOURCES = {"cpu": "250m", "memory": "512Mi"}
 """Requests and limits of the tuner (it queries Prometheus and runs git; small and bursty)."""
+
+CLONE_SCRIPT = """\
+set -eu
+if [ -d "$REPO_DIR/.git" ]; then
+  git -C "$REPO_DIR" fetch --quiet origin "$GIT_BRANCH"
+  git -C "$REPO_DIR" checkout --quiet --force -B "$GIT_BRANCH" FETCH_HEAD
+else
+  git -c credential.helper="${GIT_CREDENTIAL_HELPER:-}" \\
+    clone --quiet --branch "$GIT_BRANCH" "$GIT_URL" "$REPO_DIR"
+  if [ -n "${GIT_CREDENTIAL_HELPER:-}" ]; then
+    git -C "$REPO_DIR" config credential.helper "$GIT_CREDENTIAL_HELPER"
+  fi
+fi
+git -C "$REPO_DIR" log -1 --format='policy repository at %H'
+"""
+"""The init container's script: clone (or, after a pod restart kept the volume, fast-forward)
+the policy branch; with https-token auth the repository keeps the credential helper so the
+tuner can push its branches."""
+
+HTTPS_CREDENTIAL_HELPER = (
+    '!f() { test "$1" = get || exit 0; '
+    f"echo username=$(cat {GIT_SECRET_PATH}/username); "
+    f"echo password=$(cat {GIT_SECRET_PATH}/password); }}; f"
+)
+"""git credential helper reading a ``kubernetes.io/basic-auth`` Secret's files at each use."""
+
+SSH_COMMAND = (
+    f"ssh -i {GIT_SECRET_PATH}/ssh-privatekey -o IdentitiesOnly=yes "
+    f"-o UserKnownHostsFile={GIT_SECRET_PATH}/known_hosts -o StrictHostKeyChecking=yes"
+)
+"""``GIT_SSH_COMMAND`` for a ``kubernetes.io/ssh-auth`` Secret (plus a ``known_hosts`` key)."""
 
 
 def tuner(policy: PoolPolicy) -> list[Manifest]:
@@ -28,7 +73,8 @@ def tuner(policy: PoolPolicy) -> list[Manifest]:
 
 def tuner_command(policy: PoolPolicy) -> list[str]:
     """The tuner's command line (the ``gpupool tune`` flags)."""
-    return [
+    settings = policy.tuner
+    command = [
         "gpupool",
         "tune",
         "--listen",
@@ -37,7 +83,113 @@ def tuner_command(policy: PoolPolicy) -> list[str]:
         policy.cluster.prometheus_url,
         "--repo",
         REPO_PATH,
+        "--base",
+        settings.policy_repo_branch,
+        "--policy-path",
+        settings.policy_repo_path,
     ]
+    if settings.forge_repo is not None:
+        command += ["--open-pr", "--forge-repo", settings.forge_repo]
+    return command
+
+
+def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def git_env(settings: Tuner) -> list[dict[str, Any]]:
+    """Environment of every container that runs git: HOME on the writable /tmp, and how to
+    authenticate (a credential helper or an ssh command)."""
+    env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
+    if settings.policy_repo_auth == "https-token":
+        env.append({"name": "GIT_CREDENTIAL_HELPER", "value": HTTPS_CREDENTIAL_HELPER})
+    elif settings.policy_repo_auth == "ssh-key":
+        env.append({"name": "GIT_SSH_COMMAND", "value": SSH_COMMAND})
+    return env
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _git_secret(settings: Tuner) -> str | None:
+    """The git credentials Secret, when the repository needs one."""
+    return None if settings.policy_repo_auth == "none" else settings.policy_repo_secret
+
+
+def _mounts(settings: Tuner) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
+        {"name": "state", "mountPath": STATE_PATH},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if _git_secret(settings) is not None:
+        mounts.append({"name": "git-credentials", "mountPath": GIT_SECRET_PATH, "readOnly": True})
+    return mounts
+
+
+def clone_container(policy: PoolPolicy) -> Manifest:
+    """Init container: the policy repository into the pod's volume before the tuner starts."""
+    settings = policy.tuner
+    return {
+        "name": "clone-policy",
+        "image": policy.cluster.runtime_image,
+        "command": ["sh", "-c", CLONE_SCRIPT],
+        "env": [
+            {"name": "GIT_URL", "value": settings.policy_repo_url},
+            {"name": "GIT_BRANCH", "value": settings.policy_repo_branch},
+            {"name": "REPO_DIR", "value": REPO_PATH},
+            *git_env(settings),
+        ],
+        "resources": {"requests": dict(TUNER_RESOURCES), "limits": dict(TUNER_RESOURCES)},
+        "securityContext": _container_security(),
+        "volumeMounts": _mounts(settings),
+    }
+
+
+def tuner_container(policy: PoolPolicy) -> Manifest:
+    """The ``gpupool tune --listen`` container; ready once its HTTP listener answers."""
+    settings = policy.tuner
+    env = [
+        _secret_env(WEBHOOK_TOKEN_ENV, settings.webhook_token_secret, settings.webhook_token_key),
+        *git_env(settings),
+    ]
+    if settings.forge_repo is not None:
+        env.append(
+            _secret_env(FORGE_TOKEN_ENV, settings.forge_token_secret, settings.forge_token_key)
+        )
+    return {
+        "name": "tuner",
+        "image": policy.cluster.runtime_image,
+        "command": tuner_command(policy),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": policy.cluster.tuner_port, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10},
+        "resources": {"requests": dict(TUNER_RESOURCES), "limits": dict(TUNER_RESOURCES)},
+        "securityContext": _container_security(),
+        "volumeMounts": _mounts(settings),
+    }
+
+
+def _volumes(settings: Tuner) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "state", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    secret = _git_secret(settings)
+    if secret is not None:
+        volumes.append(
+            {
+                "name": "git-credentials",
+                # 0440 + fsGroup: readable by the tuner's group only (ssh refuses wider modes)
+                "secret": {"secretName": secret, "defaultMode": 0o440},
+            }
+        )
+    return volumes
 
 
 def tuner_deployment(policy: PoolPolicy) -> Manifest:
@@ -67,39 +219,9 @@ def tuner_deployment(policy: PoolPolicy) -> Manifest:
                         "fsGroup": TUNER_UID,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
-                    "containers": [
-                        {
-                            "name": "tuner",
-                            "image": policy.cluster.runtime_image,
-                            "command": tuner_command(policy),
-                            "ports": [
-                                {
-                                    "name": "http",
-                                    "containerPort": policy.cluster.tuner_port,
-                                    "protocol": "TCP",
-                                }
-                            ],
-                            "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10},
-                            "resources": {
-                                "requests": dict(TUNER_RESOURCES),
-                                "limits": dict(TUNER_RESOURCES),
-                            },
-                            "securityContext": {
-                                "allowPrivilegeEscalation": False,
-                                "readOnlyRootFilesystem": True,
-                                "runAsNonRoot": True,
-                                "capabilities": {"drop": ["ALL"]},
-                            },
-                            "volumeMounts": [
-                                {"name": "repo", "mountPath": REPO_PATH},
-                                {"name": "tmp", "mountPath": "/tmp"},
-                            ],
-                        }
-                    ],
-                    "volumes": [
-                        {"name": "repo", "emptyDir": {}},
-                        {"name": "tmp", "emptyDir": {}},
-                    ],
+                    "initContainers": [clone_container(policy)],
+                    "containers": [tuner_container(policy)],
+                    "volumes": _volumes(policy.tuner),
                 },
             },
         },

@@ -12,9 +12,7 @@ from typing import Annotated
 import typer
 
 from runtime.cli.errors import UsageProblem, err_console, reported_errors
-
-TOKEN_ENV = "GPUPOOL_TUNER_TOKEN"
-"""Environment variable with the webhook's bearer token (or use ``--token-file``)."""
+from runtime.tuner.webhook import TOKEN_ENV
 
 
 def _timestamp(value: str) -> float:

@@ -10,10 +10,8 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from infra.builders.nodepools import Target as NodePoolTarget
-from infra.bundle import build_bundle
 from infra.diff import diff_documents
-from infra.inputs import load_inputs
-from infra.render import render_documents
+from infra.pipeline import render_policy_file
 from policy import PoolPolicy
 from runtime.tuner import gitrepo
 
@@ -46,11 +44,7 @@ def manifest_diff(
             model.write_text(gitrepo.read_at(repo, base_commit, str(folder / hf_config)))
         renders = []
         for name, text in (("before.yaml", base_text), ("after.yaml", new_text)):
+            # beside the committed model configs, so hf_config resolves to them
             (root / name).write_text(text, encoding="utf-8")
-            inputs = load_inputs(root / name)
-            renders.append(
-                render_documents(
-                    build_bundle(inputs.policy, target=target, vllm_args=inputs.vllm_args)
-                )
-            )
+            renders.append(render_policy_file(root / name, target=target))
         return diff_documents(renders[0], renders[1])

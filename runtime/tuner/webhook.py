@@ -24,6 +24,10 @@ from runtime.tuner.selfmetrics import TunerMetrics
 
 log = logging.getLogger(__name__)
 
+TOKEN_ENV = "GPUPOOL_TUNER_TOKEN"
+"""Environment variable with the webhook's bearer token (``gpupool tune --listen`` reads it
+unless ``--token-file`` is given; the tuner Deployment fills it from the token Secret)."""
+
 MAX_BODY_BYTES = 1 << 20
 SEEN_LIMIT = 4096
 """Notification keys remembered for de-duplication (oldest forgotten first)."""

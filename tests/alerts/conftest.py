@@ -17,10 +17,15 @@ TEST_POLICY = ALERT_TESTS / "policy.yaml"
 FAST_POLICY = Path(__file__).with_name("fast_policy.yaml")
 
 
-def fast_policy(webhook_url: str, **metrics: Any) -> PoolPolicy:
-    """The second-scale policy of the real-server tests, receivers at ``webhook_url``."""
+def fast_policy(
+    webhook_url: str, *, tuner: dict[str, Any] | None = None, **metrics: Any
+) -> PoolPolicy:
+    """The second-scale policy of the real-server tests, receivers at ``webhook_url``;
+    ``tuner`` sets the policy's ``tuner`` section (e.g. where Alertmanager finds Secrets)."""
     document = YAML(typ="safe").load(FAST_POLICY.read_text().replace("{webhook}", webhook_url))
     document["metrics"].update(metrics)
+    if tuner is not None:
+        document["tuner"] = tuner
     return parse_policy(document, str(FAST_POLICY))
 
 

@@ -9,6 +9,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from tests.harness.servers import Server, free_port, start_alertmanager, start_p
 QUIET_WAIT_S = 8.0
 """Bounded wait for the healthy phase: over twice for (3s) + group_wait (1s) + eval (1s)."""
 DELIVERY_TIMEOUT_S = 90.0
+TUNER_TOKEN = "e2e-tuner-token"
 
 
 @dataclass
@@ -59,7 +61,13 @@ def wait_for_value(prometheus: Server, promql: str, timeout_s: float = 60) -> fl
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("e2e")
     webhook = start_webhook()
-    policy = fast_policy(webhook.url)
+    # The tuner's token where Alertmanager finds its Secrets (prometheus-operator layout):
+    # the generated config reads it from there unchanged.
+    secrets = workdir / "secrets"
+    policy = fast_policy(webhook.url, tuner={"alertmanager_secrets_dir": str(secrets)})
+    token_file = Path(policy.tuner.webhook_credentials_file)
+    token_file.parent.mkdir(parents=True)
+    token_file.write_text(TUNER_TOKEN + "\n")
     render(policy, workdir / "bundle")
     alertmanager_yml = (workdir / "bundle" / "alertmanager.yml").read_text()
     exporter = serve(Scenario(), free_port())
@@ -116,6 +124,8 @@ def test_healthy_then_unhealthy_scenario(stack: Stack) -> None:
             payload = delivery.payload
             assert payload["version"] == "4"
             assert payload["receiver"] == receiver
+            expected_auth = f"Bearer {TUNER_TOKEN}" if receiver == "gpupool-tuner" else None
+            assert delivery.authorization == expected_auth
             assert payload["groupLabels"] == {"alertname": alertname, "namespace": "gpupool-flex"}
             labels = payload["commonLabels"]
             assert labels["severity"] == "warning"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from alerts.bundle import all_groups
+from alerts.routing import alertmanager_config
 from policy import PoolPolicy
 from tests.harness.servers import require_binary
 
@@ -71,3 +72,21 @@ def test_unknown_alert_falls_back_to_the_default_receiver(bundle: Path) -> None:
         "alertname=SomethingElse",
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_only_the_tuner_receiver_sends_the_bearer_token(test_policy: PoolPolicy) -> None:
+    """The tuner answers 401 without its token; the other receivers get no credentials."""
+    receivers = {
+        r["name"]: r["webhook_configs"][0] for r in alertmanager_config(test_policy)["receivers"]
+    }
+    tuner = test_policy.tuner
+    assert receivers["gpupool-tuner"]["http_config"] == {
+        "authorization": {
+            "type": "Bearer",
+            "credentials_file": (
+                f"{tuner.alertmanager_secrets_dir}/{tuner.webhook_token_secret}/"
+                f"{tuner.webhook_token_key}"
+            ),
+        }
+    }
+    assert [n for n, hook in receivers.items() if "http_config" in hook] == ["gpupool-tuner"]

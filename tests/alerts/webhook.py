@@ -14,6 +14,8 @@ from typing import Any
 class Delivery:
     path: str
     payload: dict[str, Any]
+    authorization: str | None
+    """The request's ``Authorization`` header (the tuner receiver sends a bearer token)."""
 
 
 @dataclass
@@ -58,7 +60,9 @@ def start_webhook() -> Webhook:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             hook = holder[0]
             with hook.lock:
-                hook.deliveries.append(Delivery(self.path, json.loads(body)))
+                hook.deliveries.append(
+                    Delivery(self.path, json.loads(body), self.headers.get("Authorization"))
+                )
             self.send_response(200)
             self.end_headers()
 

@@ -13,6 +13,7 @@ from policy.elastic import Autoscaling, ElasticThresholds
 from policy.kvcache import KvCache
 from policy.metrics import MetricSources
 from policy.priorities import Priorities
+from policy.tuner import Tuner
 
 
 def test_brief_defaults_in_models() -> None:
@@ -47,6 +48,7 @@ def test_shipped_policy_matches_model_defaults() -> None:
     assert policy.priorities == Priorities()
     assert policy.alerting.thresholds == AlertThresholds()
     assert policy.metrics == MetricSources()
+    assert policy.tuner == Tuner()
     assert policy.prod_pool.name == "gpu-prod"
     assert [p.name for p in policy.flex_pools] == ["gpu-flex"]
 

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from policy import DEFAULT_POLICY, PolicyError
+from infra.diff import diff_documents
+from infra.pipeline import render_policy_file
+from policy import DEFAULT_POLICY, PolicyError, load_policy
 from runtime.cli.app import app
 from runtime.tuner.decisions import Change
 from runtime.tuner.forge import build_pull_request
 from runtime.tuner.gitrepo import commit_on_new_branch, git, push, resolve
+from runtime.tuner.manifests import manifest_diff
 from runtime.tuner.settings import TunerSettings, load_settings
 from runtime.tuner.webhook import Triggers, notification_key
 from runtime.tuner.yamledit import YamlEditError, edit_scalars
+from tests.harness.servers import REPO
 
 SHIPPED = DEFAULT_POLICY.read_text()
 
@@ -138,3 +143,34 @@ def test_proposal_branch_is_pushed_to_the_remote(policy_repo: Path, tmp_path: Pa
     push(policy_repo, "origin", "gpupool-tuner/t-1")
     assert git(remote, "rev-parse", "refs/heads/gpupool-tuner/t-1").strip() == commit
     assert git(remote, "log", "-1", "--format=%an %s", commit).strip() == "gpupool-tuner T"
+
+
+def test_manifest_diff_renders_with_the_model_configs_committed_at_the_base(
+    policy_repo: Path, tmp_path: Path
+) -> None:
+    """The PR body's diff is ``gpupool diff`` of both policies (``render_policy_file``), with the
+    base commit's model configs even when the work tree lost or changed them."""
+    base_text = DEFAULT_POLICY.read_text()
+    new_text = base_text.replace("    max_replicas: 8", "    max_replicas: 10", 1)
+    assert new_text != base_text
+    expected_root = tmp_path / "expected"
+    shutil.copytree(REPO / "policy" / "models", expected_root / "models")
+    (expected_root / "before.yaml").write_text(base_text)
+    (expected_root / "after.yaml").write_text(new_text)
+    expected = diff_documents(
+        render_policy_file(expected_root / "before.yaml", target="labels"),
+        render_policy_file(expected_root / "after.yaml", target="labels"),
+    )
+    for model in (policy_repo / "policy" / "models").iterdir():
+        model.write_text("not json")  # the work tree is never read
+    diff = manifest_diff(
+        policy_repo,
+        base_commit=resolve(policy_repo, "HEAD"),
+        policy_path="policy/pool.yaml",
+        policy=load_policy(DEFAULT_POLICY),
+        base_text=base_text,
+        new_text=new_text,
+        target="labels",
+    )
+    assert diff == expected
+    assert "maxReplicas" in diff

@@ -17,15 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ruamel.yaml import YAML
 
 from alerts.routing import alertmanager_config
 from alerts.rules import TUNER_LABEL
-from policy import DEFAULT_POLICY, load_policy
+from infra.builders.runtime_components import (
+    REPO_PATH,
+    clone_container,
+    tuner_command,
+    tuner_deployment,
+)
+from policy import DEFAULT_POLICY, load_policy, parse_policy
 from runtime.tuner.cycle import CycleReport, Target, run_cycle
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
-from runtime.tuner.webhook import Triggers, run_loop, serve
+from runtime.tuner.webhook import TOKEN_ENV, Triggers, run_loop, serve
+from tests.harness.containers import run_container
 from tests.harness.servers import REPO, Server, free_port, start_alertmanager
 from tests.tuner import scenarios
 
@@ -102,25 +110,30 @@ def _wait_for(condition: Any, timeout_s: float = 60) -> None:
     raise AssertionError("condition not met in time")
 
 
-def _alertmanager_config(webhook: str) -> str:
-    """The Alertmanager config the alerts bundle generates from the shipped policy, with the
-    tuner receiver pointed at this test's webhook plus its bearer token (which the bundle
-    leaves to the deployment), and a 1 s group_wait instead of 30 s."""
-    policy = load_policy(DEFAULT_POLICY)
-    config = alertmanager_config(policy)
-    config["route"]["group_wait"] = "1s"
-    for receiver in config["receivers"]:
-        if receiver["name"] == policy.alerting.routing.tuner_receiver:
-            for hook in receiver["webhook_configs"]:
-                hook["url"] = webhook
-                hook["http_config"] = {"authorization": {"type": "Bearer", "credentials": TOKEN}}
-    return json.dumps(config)
+def _alertmanager_config(webhook: str, secrets_dir: Path) -> str:
+    """The Alertmanager config generated from the shipped policy, unchanged: the policy points
+    the tuner receiver at this test's webhook, Alertmanager's Secrets directory at
+    ``secrets_dir`` (where the token Secret's file is written, as prometheus-operator mounts
+    it) and waits 1 s instead of 30 s before the first notification."""
+    document = YAML(typ="safe").load(DEFAULT_POLICY.read_text())
+    routing = document["alerting"]["routing"]
+    routing["group_wait"] = "1s"
+    for receiver in routing["receivers"]:
+        if receiver["name"] == routing["tuner_receiver"]:
+            receiver["webhook_url"] = webhook
+    document["tuner"]["alertmanager_secrets_dir"] = str(secrets_dir)
+    policy = parse_policy(document)
+    token_file = Path(policy.tuner.webhook_credentials_file)
+    token_file.parent.mkdir(parents=True)
+    token_file.write_text(TOKEN + "\n")
+    return json.dumps(alertmanager_config(policy))
 
 
 def test_alertmanager_notification_triggers_an_evaluation(tuner: Tuner, tmp_path: Path) -> None:
     _wait_for(lambda: len(tuner.reports) == 1)  # the cycle at start
     assert tuner.reports[0][1].outcome == "created"
-    alertmanager = start_alertmanager(_alertmanager_config(tuner.url + "/alerts"), tmp_path)
+    config = _alertmanager_config(tuner.url + "/alerts", tmp_path / "secrets")
+    alertmanager = start_alertmanager(config, tmp_path / "am")
     try:
         alert = [
             {
@@ -196,31 +209,46 @@ def test_webhook_refuses_missing_token_and_ignores_repeats(tuner: Tuner) -> None
     assert samples == {"unauthorized": 2, "triggered": 1, "duplicate": 1}
 
 
+def _deployment_command(policy_repo: Path, prometheus: Server, state: Path) -> list[str]:
+    """The tuner Deployment's pod, run here: its init container clones ``policy_repo`` (the
+    policy's ``tuner.policy_repo_url``) into ``state``, then its command line runs as a process
+    with only the listen address, Prometheus URL and volume path mapped to this machine."""
+    document = YAML(typ="safe").load(DEFAULT_POLICY.read_text())
+    document["tuner"]["policy_repo_url"] = f"file://{policy_repo}"
+    policy = parse_policy(document)
+    clone = state / "repo"
+    state.mkdir()
+    init = run_container(clone_container(policy), REPO_DIR=str(clone), HOME=str(state))
+    assert init.returncode == 0, init.stderr
+    mapped = {REPO_PATH: str(clone), policy.cluster.prometheus_url: prometheus.url}
+    command = [mapped.get(arg, arg) for arg in tuner_command(policy)]
+    assert command[0] == "gpupool"
+    return [sys.executable, "-m", "runtime.cli.app", *command[1:]]
+
+
+def _readiness_path() -> str:
+    """The path of the tuner Deployment's readiness probe."""
+    (container,) = tuner_deployment(load_policy(DEFAULT_POLICY))["spec"]["template"]["spec"][
+        "containers"
+    ]
+    path: str = container["readinessProbe"]["httpGet"]["path"]
+    return path
+
+
 def test_listen_process_serves_webhook_and_metrics_and_stops_on_sigterm(
     scenario_prometheus: Server, policy_repo: Path, tmp_path: Path
 ) -> None:
-    """The Deployment's command line (``--listen --prometheus --repo``) as a real process."""
+    """The Deployment's init container and command line as real processes."""
     port = free_port()
+    command = _deployment_command(policy_repo, scenario_prometheus, tmp_path / "state")
+    command[command.index("--listen") + 1] = f"127.0.0.1:{port}"
     log = (tmp_path / "tuner.log").open("wb")
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "runtime.cli.app",
-            "tune",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--prometheus",
-            scenario_prometheus.url,
-            "--repo",
-            str(policy_repo),
-            "--at",
-            str(scenarios.evaluation_time("idle")),
-        ],
+        [*command, "--at", str(scenarios.evaluation_time("idle"))],
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "GPUPOOL_TUNER_TOKEN": TOKEN},
+        env={**os.environ, TOKEN_ENV: TOKEN},
     )
     url = f"http://127.0.0.1:{port}"
 
@@ -237,6 +265,9 @@ def test_listen_process_serves_webhook_and_metrics_and_stops_on_sigterm(
 
     try:
         _wait_for(lambda: metric('gpupool_tuner_cycles_total{trigger="start"}') == 1)
+        probe = _readiness_path()
+        with urllib.request.urlopen(url + probe, timeout=10) as response:
+            assert response.status == 200  # the readiness probe passes
         payload = {
             "status": "firing",
             "groupKey": "g",
@@ -259,6 +290,13 @@ def test_listen_process_serves_webhook_and_metrics_and_stops_on_sigterm(
         assert (
             metric('gpupool_tuner_proposals_total{outcome="created",rule="idle-flex-demand"}') == 1
         )
+        branches = subprocess.run(
+            ["git", "-C", str(tmp_path / "state" / "repo"), "branch", "--list", "gpupool-tuner/*"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "gpupool-tuner/idle-flex-demand-" in branches  # proposed in the pod's clone
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:
