@@ -1,6 +1,6 @@
 """Benchmark: render and validate a policy with 200 flex workloads.
 
-    /work/main/.venv/bin/python bench/render.py [--workloads 200] [--repeats 3]
+    .venv/bin/python bench/render.py [--workloads 200] [--repeats 3]
 
 Stages, each timed (best of ``--repeats``, except strict validation, run once):
 load (YAML parse + validation + model configs + vLLM args), build (pure builders),
