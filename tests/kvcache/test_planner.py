@@ -78,15 +78,22 @@ def test_coalesce_merges_only_runs_consecutive_on_both_sides() -> None:
     assert coalesce(moves) == [Run(10, 1, 2), Run(12, 4, 1), Run(20, 5, 1)]
 
 
-@pytest.mark.parametrize("strategy", ["runs", "gather"])
-def test_mover_copies_every_layer_of_a_vllm_shaped_buffer(strategy: str) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "numpy_copies"),
+    [("runs", None), ("runs", False), ("gather", None)],
+    ids=["runs-cpu-default-numpy", "runs-torch-copy-as-on-cuda", "gather"],
+)
+def test_mover_copies_every_layer_of_a_vllm_shaped_buffer(
+    strategy: str, numpy_copies: bool | None
+) -> None:
     layers, blocks, page = 3, 16, (2, 4, 8)  # [heads, block_size, 2*head_size]
     per_layer = blocks * 2 * 4 * 8
     buffer = torch.randn(layers * per_layer, dtype=torch.float32)
     views = [buffer[i * per_layer : (i + 1) * per_layer].view(blocks, *page) for i in range(layers)]
     expected = [v.clone() for v in views]
     moves = [Move(12, 1), Move(13, 2), Move(15, 7)]
-    copied = BlockMover(views, strategy).move(moves)  # type: ignore[arg-type]
+    mover = BlockMover(views, strategy, numpy_copies=numpy_copies)  # type: ignore[arg-type]
+    copied = mover.move(moves)
     assert copied == 3 * layers * 2 * 4 * 8 * 4
     for view, old in zip(views, expected, strict=True):
         for m in moves:
