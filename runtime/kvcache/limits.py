@@ -11,9 +11,10 @@ from typing import Literal
 from policy.kvcache import KvCache
 
 Strategy = Literal["runs", "gather"]
-"""How blocks are copied: ``runs``: one strided copy (all layers) per run of consecutive
-moves, best when copies are large, e.g. on CPU; ``gather``: one index_select + index_copy_
-over all moves per layer group, the fewest kernel launches."""
+"""How blocks are copied: ``runs``: one contiguous copy per run of consecutive moves and per
+layer (NumPy slice copies on CPU, torch ``copy_`` elsewhere), best when copies are large,
+e.g. on CPU; ``gather``: one index_select + index_copy_ over all moves per layer group, the
+fewest kernel launches."""
 
 
 @dataclass(frozen=True)
