@@ -1,9 +1,12 @@
 """The ``gpupool-policy`` ConfigMap: the policy the KV compaction sidecars read their triggers
 from (``gpupool kv-worker run --policy``), in the flex namespace.
 
-It restates the whole validated policy (``model_dump(by_alias=True)``), so the sidecar loads it
-with the same loader and checks as ``gpupool validate``; a sidecar reads it once at start, so
-a policy change reaches running sidecars when their pods are next replaced.
+It restates the validated policy without its ``workloads`` list (``model_dump(by_alias=True)``),
+so the sidecar loads it with the same loader and checks as ``gpupool validate``. The
+workloads are left out because no trigger reads them: the ConfigMap then stays the same size
+however many workloads there are (ConfigMaps are capped at 1 MiB) and adding a workload does
+not change it. A sidecar reads it once at start, so a policy change reaches running sidecars
+when their pods are next replaced.
 """
 
 from __future__ import annotations
@@ -14,8 +17,13 @@ from policy import PoolPolicy
 from runtime.kvcache.sidecar import POLICY_CONFIGMAP, POLICY_FILE
 
 
+def sidecar_policy(policy: PoolPolicy) -> PoolPolicy:
+    """What the sidecars read: the policy with an empty ``workloads`` list."""
+    return policy.model_copy(update={"workloads": []})
+
+
 def policy_text(policy: PoolPolicy) -> str:
-    """The policy as YAML that ``policy.parse_policy`` turns back into an equal ``PoolPolicy``."""
+    """``policy`` as YAML that ``policy.parse_policy`` turns back into an equal ``PoolPolicy``."""
     return to_yaml(policy.model_dump(by_alias=True, mode="json"))
 
 
@@ -30,6 +38,6 @@ def policy_config_map(policy: PoolPolicy) -> list[Manifest]:
             "metadata": metadata(
                 POLICY_CONFIGMAP, "kv-compaction", namespace=policy.cluster.flex_namespace
             ),
-            "data": {POLICY_FILE: policy_text(policy)},
+            "data": {POLICY_FILE: policy_text(sidecar_policy(policy))},
         }
     ]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from infra.builders.meta import Manifest
+from infra.builders.policy_config import policy_text
 from infra.builders.workload import NON_ROOT_UID
 from infra.bundle import build_bundle
 from policy import PoolPolicy, load_policy, parse_policy
@@ -189,7 +190,11 @@ def test_policy_config_map_loads_back_into_an_equal_policy(
     assert config["metadata"]["namespace"] == policy.cluster.flex_namespace
     path = tmp_path / POLICY_FILE
     path.write_text(config["data"][POLICY_FILE])
-    assert load_policy(path) == policy
+    loaded = load_policy(path)
+    # everything but the workloads list (no trigger reads it; the ConfigMap stays small)
+    assert loaded == policy.model_copy(update={"workloads": []})
+    assert (loaded.kv_cache, loaded.alerting) == (policy.kv_cache, policy.alerting)
+    assert policy_text(loaded) == config["data"][POLICY_FILE]
     # the sidecar reads exactly this file: the ConfigMap's volume mounted at POLICY_DIR
     pod = _pod(objs, policy.workloads[0].name)
     volume = next(v for v in pod["volumes"] if "configMap" in v)
@@ -213,16 +218,30 @@ def test_switch_off_removes_sidecar_plugin_and_policy_copy() -> None:
     assert restricted_violations(pod) == []
 
 
-def test_switch_is_per_workload() -> None:
+def _with_second_workload(*, kv_compaction: bool) -> PoolPolicy:
+    """The default policy plus a second workload ``plain-flex``."""
     doc = edited()
-    second = dict(doc["workloads"][0], name="plain-flex", port=8001, kv_compaction=False)
+    second = dict(doc["workloads"][0], name="plain-flex", port=8001, kv_compaction=kv_compaction)
     doc["workloads"].append(second)
-    policy = parse_policy(doc)
+    return parse_policy(doc)
+
+
+def test_switch_is_per_workload() -> None:
+    policy = _with_second_workload(kv_compaction=False)
     objs = _bundle(policy)
     on, off = (_pod(objs, w.name) for w in policy.workloads)
     assert [c["name"] for c in on["containers"]] == ["vllm", "kv-compaction"]
     assert [c["name"] for c in off["containers"]] == ["vllm"]
     assert [o["kind"] for o in objs if o["metadata"]["name"] == POLICY_CONFIGMAP] == ["ConfigMap"]
+
+
+def test_policy_copy_does_not_grow_with_the_workloads() -> None:
+    def text(policy: PoolPolicy) -> str:
+        (config,) = [o for o in _bundle(policy) if o["metadata"]["name"] == POLICY_CONFIGMAP]
+        return str(config["data"][POLICY_FILE])
+
+    assert text(_with_second_workload(kv_compaction=True)) == text(load_policy())
+    assert "workloads: []" in text(load_policy())
 
 
 def test_runtime_image_carries_the_plugin_tree_where_the_pod_copies_it_from() -> None:
