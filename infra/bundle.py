@@ -10,6 +10,7 @@ from alerts.manifests import monitoring_objects
 from infra.builders.meta import Manifest
 from infra.builders.namespaces import namespaces
 from infra.builders.nodepools import Target, node_pools
+from infra.builders.policy_config import policy_config_map
 from infra.builders.priorities import priority_classes
 from infra.builders.rbac import service_accounts_and_rbac
 from infra.builders.runtime_components import tuner
@@ -61,7 +62,7 @@ def build_groups(
         ObjectGroup(
             "gpupool:system:RuntimeComponents",
             "runtime",
-            (*service_accounts_and_rbac(policy), *tuner(policy)),
+            (*service_accounts_and_rbac(policy), *policy_config_map(policy), *tuner(policy)),
         ),
         ObjectGroup(MONITORING, "monitoring", tuple(monitoring_objects(policy))),
     ]

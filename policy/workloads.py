@@ -90,6 +90,10 @@ class FlexWorkload(StrictModel):
     ``flashmla``: 64 (MLA models only); ``cutlass_mla``: 128 (MLA models only)."""
     resources: Resources = Resources()
     """Container CPU and memory."""
+    kv_compaction: bool = True
+    """Run the KV compaction sidecar in each pod and load gpupool's vLLM plugin (compact, shrink
+    and grow the KV pool at run time, docs/kvcache.md). Off: neither is deployed, and vLLM
+    keeps its default CUDA-graph mode."""
     snapshot_volume: SnapshotVolume
     """KV snapshot volume (cluster-specific storage class)."""
 

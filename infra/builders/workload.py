@@ -17,6 +17,13 @@ from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
 from infra.builders.rbac import COMPACTION_SERVICE_ACCOUNT
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
+from runtime.kvcache.sidecar import (
+    compaction_sidecar,
+    compaction_volumes,
+    plugin_installer,
+    vllm_plugin_env,
+    vllm_plugin_mounts,
+)
 from runtime.metrics import catalogue
 
 CACHE_MOUNT_PATH = "/var/lib/gpupool/cache"
@@ -26,7 +33,8 @@ VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 """Entry point of the OpenAI-compatible server; the args come from ``runtime.vllm``."""
 
 NON_ROOT_UID = 1000
-"""UID/GID the vLLM container runs as (the upstream image defaults to root)."""
+"""UID/GID every container of a flex pod runs as (the upstream vLLM image defaults to root);
+one pod-level user, because the compaction sidecar and vLLM share a mode-0600 socket."""
 
 HEALTH_PATH = "/health"
 """vLLM's health endpoint: 200 once the engine serves, 5xx when the engine died."""
@@ -96,7 +104,8 @@ def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[s
     """The vLLM Deployment: lowest priority, flex pool only, spread, drained on eviction.
 
     ``replicas`` is left out: the HPA owns it, and a rendered value would fight the HPA on
-    every sync.
+    every sync. With ``workload.kv_compaction`` the pod also gets the plugin's initContainer,
+    the compaction sidecar and their volumes (``runtime.kvcache.sidecar``).
     """
     pool = next(p for p in policy.node_pools if p.name == workload.pool)
     selector = selector_labels(workload.name)
@@ -116,6 +125,21 @@ def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[s
     pod_meta = _meta(policy, workload.name, workload)
     pod_meta["labels"] |= selector
     del pod_meta["name"], pod_meta["namespace"]
+    containers = [_vllm_container(policy, workload, vllm_args)]
+    volumes: list[Manifest] = [
+        {
+            "name": "kv-snapshots",
+            "persistentVolumeClaim": {"claimName": snapshot_claim_name(workload)},
+        },
+        {"name": "cache", "emptyDir": {}},
+        # NCCL and vLLM's tensor-parallel workers share memory through /dev/shm.
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    compaction: Manifest = {}
+    if workload.kv_compaction:
+        containers.append(compaction_sidecar(policy, workload))
+        volumes += compaction_volumes(workload)
+        compaction["initContainers"] = [plugin_installer(policy)]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -143,16 +167,9 @@ def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[s
                         "fsGroup": NON_ROOT_UID,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
-                    "containers": [_vllm_container(policy, workload, vllm_args)],
-                    "volumes": [
-                        {
-                            "name": "kv-snapshots",
-                            "persistentVolumeClaim": {"claimName": snapshot_claim_name(workload)},
-                        },
-                        {"name": "cache", "emptyDir": {}},
-                        # NCCL and vLLM's tensor-parallel workers share memory through /dev/shm.
-                        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-                    ],
+                    **compaction,
+                    "containers": containers,
+                    "volumes": volumes,
                 },
             },
         },
@@ -179,6 +196,7 @@ def _vllm_container(
         GPU_RESOURCE: str(workload.gpus_per_replica),
     }
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
+    plugin = workload.kv_compaction
     container: Manifest = {
         "name": "vllm",
         "image": workload.image,
@@ -189,6 +207,7 @@ def _vllm_container(
             {"name": "HOME", "value": CACHE_MOUNT_PATH},
             {"name": "HF_HOME", "value": f"{CACHE_MOUNT_PATH}/huggingface"},
             {"name": "GPUPOOL_KV_SNAPSHOT_DIR", "value": workload.snapshot_volume.mount_path},
+            *(vllm_plugin_env() if plugin else []),
         ],
         "resources": {"requests": dict(limits), "limits": limits},
         "startupProbe": probe
@@ -209,6 +228,7 @@ def _vllm_container(
             {"name": "kv-snapshots", "mountPath": workload.snapshot_volume.mount_path},
             {"name": "cache", "mountPath": CACHE_MOUNT_PATH},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *(vllm_plugin_mounts() if plugin else []),
         ],
     }
     if policy.disruption.prestop_delay_s > 0:

@@ -1,14 +1,17 @@
 """Bounds of one compaction request, sent by the sidecar with its policy's values.
 
 Kept free of vLLM imports: the CLI and the sidecar build limits without loading the engine.
+Kept free of ``policy`` at run time too: the plugin imports this module inside the stock vLLM
+image, which has gpupool's code on ``PYTHONPATH`` but not its dependencies (ruamel.yaml).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from policy.kvcache import KvCache
+if TYPE_CHECKING:
+    from policy.kvcache import KvCache
 
 Strategy = Literal["runs", "gather"]
 """How blocks are copied: ``runs``: one contiguous copy per run of consecutive moves and per

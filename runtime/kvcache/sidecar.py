@@ -4,6 +4,11 @@ The vLLM container loads the plugin (``vllm_plugin_env``); the sidecar reaches i
 socket in a memory-backed ``emptyDir`` shared by the two containers only, with a token from a
 Secret. Both containers must run as the same user (the socket is mode 0600): set the pod's
 ``securityContext.runAsUser``.
+
+The stock vLLM image lacks gpupool: ``plugin_installer`` is an initContainer that copies the
+gpupool tree the runtime image carries (``pip install --no-deps --target``, dist-info
+included, so vLLM finds the ``vllm.general_plugins`` entry point) into an ``emptyDir`` that
+the vLLM container mounts and puts on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -21,11 +26,26 @@ TOKEN_PATH = f"{TOKEN_DIR}/token"
 POLICY_DIR = "/etc/gpupool/policy"
 POLICY_CONFIGMAP = "gpupool-policy"
 """ConfigMap holding ``pool.yaml`` (the policy the sidecar reads its triggers from)."""
-CONTROL_VOLUME, TOKEN_VOLUME, POLICY_VOLUME = (
+POLICY_FILE = "pool.yaml"
+"""Key of the policy in ``POLICY_CONFIGMAP`` (a file under ``POLICY_DIR`` in the sidecar)."""
+PLUGIN_TREE = "/opt/gpupool/vllm-plugin"
+"""Where the runtime image keeps gpupool's ``--no-deps --target`` tree, and where the vLLM
+container mounts its copy (infra/images/runtime.Dockerfile builds it)."""
+PLUGIN_STAGING = "/gpupool-plugin"
+"""Mount point of the plugin ``emptyDir`` inside the initContainer (the copy's destination)."""
+CONTROL_VOLUME, TOKEN_VOLUME, POLICY_VOLUME, PLUGIN_VOLUME = (
     "gpupool-kv-control",
     "gpupool-kv-token",
     "gpupool-policy",
+    "gpupool-plugin",
 )
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""securityContext of gpupool's own containers (Pod Security ``restricted``)."""
 
 
 def token_secret_name(workload: FlexWorkload) -> str:
@@ -36,9 +56,12 @@ def token_secret_name(workload: FlexWorkload) -> str:
 def vllm_plugin_env() -> list[dict[str, str]]:
     """Environment of the vLLM container that activates the plugin and its control socket.
 
-    The plugin renames block ids in the V1 model runner's tables; vLLM 0.32 picks Model
-    Runner V2 by default when Triton is present (GPUs), so the V1 runner is requested."""
+    ``PYTHONPATH`` makes the copied gpupool tree importable and its entry point visible
+    (``importlib.metadata`` scans every ``sys.path`` entry). The plugin renames block ids in
+    the V1 model runner's tables; vLLM 0.32 picks Model Runner V2 by default when Triton is
+    present (GPUs), so the V1 runner is requested."""
     return [
+        {"name": "PYTHONPATH", "value": PLUGIN_TREE},
         {"name": ENABLE_ENV, "value": "1"},
         {"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "0"},
         {"name": SOCKET_ENV, "value": SOCKET_PATH},
@@ -46,16 +69,43 @@ def vllm_plugin_env() -> list[dict[str, str]]:
     ]
 
 
-def vllm_plugin_mounts() -> list[dict[str, Any]]:
-    """Volume mounts the vLLM container needs for the control socket and its token."""
+def control_mounts() -> list[dict[str, Any]]:
+    """Mounts both containers need: the control socket's directory and the token."""
     return [
         {"name": CONTROL_VOLUME, "mountPath": CONTROL_DIR},
         {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
     ]
 
 
+def vllm_plugin_mounts() -> list[dict[str, Any]]:
+    """Volume mounts the vLLM container needs: the control socket, its token, the plugin."""
+    return [
+        *control_mounts(),
+        {"name": PLUGIN_VOLUME, "mountPath": PLUGIN_TREE, "readOnly": True},
+    ]
+
+
+def plugin_installer(policy: PoolPolicy) -> dict[str, Any]:
+    """initContainer copying gpupool's tree from the sidecar's image into the plugin volume.
+
+    The plugin and the sidecar come from the same image, so both ends of the control socket
+    are always the same gpupool version."""
+    return {
+        "name": "gpupool-plugin",
+        "image": policy.kv_cache.compaction_worker_image,
+        "command": ["cp", "-R", f"{PLUGIN_TREE}/.", PLUGIN_STAGING],
+        "volumeMounts": [{"name": PLUGIN_VOLUME, "mountPath": PLUGIN_STAGING}],
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "32Mi"},
+            "limits": {"cpu": "250m", "memory": "64Mi"},
+        },
+        "securityContext": dict(CONTAINER_SECURITY),
+    }
+
+
 def compaction_volumes(workload: FlexWorkload) -> list[dict[str, Any]]:
-    """Pod volumes: the socket directory (memory), the token Secret, the policy ConfigMap."""
+    """Pod volumes: the socket directory (memory), the token Secret, the policy ConfigMap,
+    the plugin tree (filled by ``plugin_installer``)."""
     return [
         {"name": CONTROL_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {
@@ -63,6 +113,7 @@ def compaction_volumes(workload: FlexWorkload) -> list[dict[str, Any]]:
             "secret": {"secretName": token_secret_name(workload), "defaultMode": 0o400},
         },
         {"name": POLICY_VOLUME, "configMap": {"name": POLICY_CONFIGMAP}},
+        {"name": PLUGIN_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
     ]
 
 
@@ -75,7 +126,7 @@ def compaction_sidecar(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, 
         "command": ["gpupool", "kv-worker", "run"],
         "args": [
             "--policy",
-            f"{POLICY_DIR}/pool.yaml",
+            f"{POLICY_DIR}/{POLICY_FILE}",
             "--metrics-url",
             f"http://127.0.0.1:{workload.port}/metrics",
             "--socket",
@@ -85,14 +136,23 @@ def compaction_sidecar(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, 
             "--listen",
             f"0.0.0.0:{kv.compaction_worker_port}",
         ],
-        "ports": [{"name": "kv-metrics", "containerPort": kv.compaction_worker_port}],
+        "ports": [
+            {"name": "kv-metrics", "containerPort": kv.compaction_worker_port, "protocol": "TCP"}
+        ],
+        # Liveness only: a sidecar that is not ready must not take the pod out of its Service.
+        "livenessProbe": {
+            "httpGet": {"path": "/metrics", "port": "kv-metrics"},
+            "periodSeconds": 30,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
         "volumeMounts": [
-            *vllm_plugin_mounts(),
+            *control_mounts(),
             {"name": POLICY_VOLUME, "mountPath": POLICY_DIR, "readOnly": True},
         ],
         "resources": {
             "requests": {"cpu": "50m", "memory": "96Mi"},
             "limits": {"cpu": "250m", "memory": "192Mi"},
         },
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
+        "securityContext": dict(CONTAINER_SECURITY),
     }

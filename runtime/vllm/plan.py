@@ -67,6 +67,9 @@ class KvCachePlan:
     preservation_note: str
     env_unset: tuple[str, ...] = ()
     """Environment variables that must be absent for these arguments to mean what they say."""
+    compilation_config: dict[str, Any] | None = None
+    """``--compilation-config``: set when the KV compaction plugin must be able to resize the
+    pool on a GPU (full CUDA graphs capture the KV buffer's address; piecewise ones do not)."""
 
     @property
     def page_bytes_per_layer(self) -> int:
@@ -184,6 +187,14 @@ class KvCachePlan:
                 "set" if self.kv_transfer_config else "none",
                 self.preservation_note,
             ),
+            Derivation(
+                "--compilation-config",
+                json.dumps(self.compilation_config) if self.compilation_config else "none",
+                "KV compaction on a GPU: piecewise CUDA graphs leave attention (and the KV "
+                "buffer) outside the graphs, so the pool can be resized"
+                if self.compilation_config
+                else "vLLM's default (no KV resize on this instance, or no CUDA graphs)",
+            ),
         ]
 
 
@@ -261,6 +272,7 @@ def plan_kv_cache(
         kv_transfer_config=transfer,
         preservation_note=note,
         env_unset=_env_unset(rule),
+        compilation_config=_compilation_config(workload, rule),
     )
 
 
@@ -291,6 +303,8 @@ def render_args(plan: KvCachePlan) -> list[str]:
     ]
     if plan.kv_transfer_config is not None:
         args += ["--kv-transfer-config", json.dumps(plan.kv_transfer_config, sort_keys=True)]
+    if plan.compilation_config is not None:
+        args += ["--compilation-config", json.dumps(plan.compilation_config, sort_keys=True)]
     return args
 
 
@@ -354,6 +368,21 @@ def _connector(extra: dict[str, Any]) -> dict[str, Any]:
         "kv_role": "kv_both",
         "kv_connector_extra_config": extra,
     }
+
+
+PIECEWISE_CUDA_GRAPHS = {"cudagraph_mode": "PIECEWISE"}
+"""vLLM compilation config that keeps the KV buffer out of captured CUDA graphs."""
+
+
+def _compilation_config(workload: FlexWorkload, rule: BlockRule) -> dict[str, Any] | None:
+    """Piecewise CUDA graphs when the compaction plugin runs on a GPU backend.
+
+    vLLM 0.32 captures full CUDA graphs by default (``FULL_AND_PIECEWISE``); a full graph
+    holds the KV buffer's address, so the plugin refuses to resize under it. The CPU backend
+    has no CUDA graphs."""
+    if not workload.kv_compaction or rule.vllm_name.startswith("CPU"):
+        return None
+    return dict(PIECEWISE_CUDA_GRAPHS)
 
 
 def _env_unset(rule: BlockRule) -> tuple[str, ...]:

@@ -21,6 +21,11 @@ def _one(objs: list[Manifest], kind: str, name: str) -> Manifest:
     return found
 
 
+def _vllm(pod: Manifest) -> Manifest:
+    (found,) = [c for c in pod["containers"] if c["name"] == "vllm"]
+    return found
+
+
 def test_priority_classes_follow_the_tiers() -> None:
     policy = policy_with({"priorities.idle_inference.value": -5})
     objs = _bundle(policy)
@@ -56,7 +61,7 @@ def test_flex_deployment_scheduling_and_shutdown() -> None:
         pod["tolerations"]
     )
     assert pod["terminationGracePeriodSeconds"] == 120
-    (container,) = pod["containers"]
+    container = _vllm(pod)
     assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "7"]
     assert container["args"] == explicit_args(policy)[workload.name]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == str(workload.gpus_per_replica)
@@ -78,10 +83,8 @@ def test_flex_deployment_scheduling_and_shutdown() -> None:
 
 def test_no_prestop_hook_without_delay() -> None:
     policy = policy_with({"disruption.prestop_delay_s": 0})
-    (container,) = _one(_bundle(policy), "Deployment", policy.workloads[0].name)["spec"][
-        "template"
-    ]["spec"]["containers"]
-    assert "lifecycle" not in container
+    pod = _one(_bundle(policy), "Deployment", policy.workloads[0].name)["spec"]["template"]
+    assert "lifecycle" not in _vllm(pod["spec"])
 
 
 @pytest.mark.parametrize("mode", ["preferred", "required"])

@@ -73,8 +73,10 @@ def test_diff_prints_object_level_changes(tmp_path: Path) -> None:
     )
     result = runner.invoke(app, ["diff", str(old), str(new)])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("0 added, 0 removed, 1 changed\n")
+    # the HPA, and the policy copy the compaction sidecars read (it restates the whole policy)
+    assert result.output.startswith("0 added, 0 removed, 2 changed\n")
     assert "~ gpupool-flex/horizontalpodautoscaler-llama-8b-flex.yaml" in result.output
+    assert "~ gpupool-flex/configmap-gpupool-policy.yaml" in result.output
     assert "-      stabilizationWindowSeconds: 300" in result.output
     assert "+      stabilizationWindowSeconds: 600" in result.output
     assert runner.invoke(app, ["diff", str(old), str(new), "--exit-code"]).exit_code == 1

@@ -10,7 +10,7 @@ import pytest
 from infra.builders.meta import Manifest
 from infra.bundle import build_bundle
 from policy import PoolPolicy, load_policy
-from tests.infra.policies import explicit_args, two_workloads
+from tests.infra.policies import explicit_args, policy_with, two_workloads
 
 VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 CRD_GROUPS = ("karpenter.sh/", "monitoring.coreos.com/")  # checked by their own schema tests
@@ -23,7 +23,11 @@ def built_in(policy: PoolPolicy, target: str) -> list[Manifest]:
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("target", ["labels", "karpenter"])
-@pytest.mark.parametrize("policy", [load_policy(), two_workloads()], ids=["default", "two"])
+@pytest.mark.parametrize(
+    "policy",
+    [load_policy(), two_workloads(), policy_with({"workloads.0.kv_compaction": False})],
+    ids=["default", "two", "no-compaction"],
+)
 def test_objects_are_valid_kubernetes(policy: PoolPolicy, target: str, version: str) -> None:
     objs = built_in(policy, target)
     assert {"Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Namespace"} <= {

@@ -27,7 +27,9 @@ def test_deployment_args_equal_vllm_args(policy_file: Path) -> None:
     }
     assert set(deployments) == names
     for name, deployment in deployments.items():
-        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        (container,) = [
+            c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"
+        ]
         result = CliRunner().invoke(
             app, ["vllm-args", "--json", "--policy", str(policy_file), "--workload", name]
         )

@@ -227,3 +227,21 @@ def test_offload_tier_must_fit_in_the_container(policy: PoolPolicy, workload: Fl
     assert small.resources.memory_bytes == 16 * 2**30
     with pytest.raises(KvPlanError, match=r"offload_host_gib \(16\) does not fit .*\(16Gi\)"):
         plan_kv_cache(policy, small, model("llama-3-8b"))
+
+
+def test_compaction_on_a_gpu_asks_for_piecewise_cuda_graphs(
+    policy: PoolPolicy, workload: FlexWorkload
+) -> None:
+    """Full CUDA graphs hold the KV buffer's address, so the plugin could not resize it."""
+    assert workload.kv_compaction
+    args = serve_args(policy, workload, model("llama-3-8b"))
+    config = json.loads(args[args.index("--compilation-config") + 1])
+    assert config == {"cudagraph_mode": "PIECEWISE"}
+    plan = plan_kv_cache(policy, workload, model("llama-3-8b"))
+    (row,) = [d for d in plan.derivations() if d.name == "--compilation-config"]
+    assert "PIECEWISE" in row.value and "resized" in row.why
+    off = workload.model_copy(update={"kv_compaction": False})
+    assert "--compilation-config" not in serve_args(policy, off, model("llama-3-8b"))
+    on_cpu = plan_kv_cache(policy, workload, model("llama-3-8b"), backend="cpu")
+    assert on_cpu.compilation_config is None  # no CUDA graphs on the CPU backend
+    assert "--compilation-config" not in render_args(on_cpu)

@@ -88,3 +88,23 @@ def test_kv_transfer_config_keys_are_the_ones_vllm_reads(
     assert tier["root_dir"] == workload.snapshot_volume.mount_path
     cpu_spec = (VLLM_ROOT / "v1/kv_offload/cpu/spec.py").read_text()
     assert 'extra_config.get("cpu_bytes_to_use")' in cpu_spec
+
+
+def test_vllm_parses_the_compaction_args_into_piecewise_cuda_graphs(
+    policy: PoolPolicy, workload: FlexWorkload
+) -> None:
+    """vLLM's own CLI parser accepts every rendered flag and reads the CUDA-graph mode the
+    compaction plugin needs (docs/kvcache.md: no resize under full CUDA graphs)."""
+    from vllm.config.compilation import CompilationConfig, CUDAGraphMode
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from runtime.vllm import serve_args
+
+    parser = make_arg_parser(FlexibleArgumentParser())  # the OpenAI server's own parser
+    args = serve_args(policy, workload, model("llama-3-8b"))
+    # parse only: building EngineArgs would resolve the model id on the Hugging Face hub
+    config = parser.parse_args(args).compilation_config
+    assert isinstance(config, CompilationConfig)
+    assert config.cudagraph_mode == CUDAGraphMode.PIECEWISE
+    assert not config.cudagraph_mode.has_full_cudagraphs()
