@@ -14,6 +14,7 @@ from infra.builders.policy_config import policy_config_map
 from infra.builders.priorities import priority_classes
 from infra.builders.rbac import service_accounts_and_rbac
 from infra.builders.runtime_components import tuner
+from infra.builders.scraping import flex_pod_monitor
 from infra.builders.workload import flex_workload
 from policy import PoolPolicy
 
@@ -24,7 +25,7 @@ SCHEDULING = "gpupool:cluster:Scheduling"
 """Pulumi type token of the namespaces + PriorityClasses component; everything else needs it."""
 
 MONITORING = "gpupool:system:Monitoring"
-"""Pulumi type token of the monitoring objects (``alerts.manifests.monitoring_objects``)."""
+"""Pulumi type token of the monitoring objects (``alerts.manifests`` and the PodMonitor)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,9 @@ def build_groups(
             "runtime",
             (*service_accounts_and_rbac(policy), *policy_config_map(policy), *tuner(policy)),
         ),
-        ObjectGroup(MONITORING, "monitoring", tuple(monitoring_objects(policy))),
+        ObjectGroup(
+            MONITORING, "monitoring", (*monitoring_objects(policy), flex_pod_monitor(policy))
+        ),
     ]
     groups += [
         ObjectGroup(INFERENCE_WORKLOAD, w.name, tuple(flex_workload(policy, w, vllm_args[w.name])))

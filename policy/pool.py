@@ -33,7 +33,7 @@ class Cluster(StrictModel):
     """Namespace of the tuner and the monitoring objects (compaction runs inside flex pods)."""
     pool_label: str = Field("gpupool.io/pool", pattern=_LABEL_KEY)
     """Node label (and taint key) whose value is the node pool's name."""
-    runtime_image: str = Field("ghcr.io/gpupool/gpupool:0.1.0", min_length=1)
+    runtime_image: str = Field("gpupool/gpupool:0.1.0", min_length=1)
     """Image of gpupool's own runtime components (the tuner); it contains the ``gpupool`` CLI."""
     prometheus_url: str = Field(
         "http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://\S+$"

@@ -11,8 +11,8 @@ when their pods are next replaced.
 
 from __future__ import annotations
 
-from alerts.yaml_text import to_yaml
 from infra.builders.meta import Manifest, metadata
+from infra.yaml_text import to_yaml
 from policy import PoolPolicy
 from runtime.kvcache.sidecar import POLICY_CONFIGMAP, POLICY_FILE
 
@@ -24,7 +24,7 @@ def sidecar_policy(policy: PoolPolicy) -> PoolPolicy:
 
 def policy_text(policy: PoolPolicy) -> str:
     """``policy`` as YAML that ``policy.parse_policy`` turns back into an equal ``PoolPolicy``."""
-    return to_yaml(policy.model_dump(by_alias=True, mode="json"))
+    return to_yaml(policy.model_dump(by_alias=True, mode="json"), sort_keys=False)
 
 
 def policy_config_map(policy: PoolPolicy) -> list[Manifest]:

@@ -42,6 +42,9 @@ HEALTH_PATH = "/health"
 COMPONENT = "flex-inference"
 """``app.kubernetes.io/component`` of every flex workload object."""
 
+HTTP_PORT = "http"
+"""Name of the vLLM container port (OpenAI API, ``/health``, ``/metrics``)."""
+
 READINESS_PERIOD_S = 5
 """How often readiness is probed."""
 
@@ -195,14 +198,14 @@ def _vllm_container(
         "memory": workload.resources.memory,
         GPU_RESOURCE: str(workload.gpus_per_replica),
     }
-    probe = {"httpGet": {"path": HEALTH_PATH, "port": "http"}}
+    probe = {"httpGet": {"path": HEALTH_PATH, "port": HTTP_PORT}}
     plugin = workload.kv_compaction
     container: Manifest = {
         "name": "vllm",
         "image": workload.image,
         "command": list(VLLM_COMMAND),
         "args": list(vllm_args),
-        "ports": [{"name": "http", "containerPort": workload.port, "protocol": "TCP"}],
+        "ports": [{"name": HTTP_PORT, "containerPort": workload.port, "protocol": "TCP"}],
         "env": [
             {"name": "HOME", "value": CACHE_MOUNT_PATH},
             {"name": "HF_HOME", "value": f"{CACHE_MOUNT_PATH}/huggingface"},
@@ -249,7 +252,12 @@ def service(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
             "type": "ClusterIP",
             "selector": selector_labels(workload.name),
             "ports": [
-                {"name": "http", "port": workload.port, "targetPort": "http", "protocol": "TCP"}
+                {
+                    "name": HTTP_PORT,
+                    "port": workload.port,
+                    "targetPort": HTTP_PORT,
+                    "protocol": "TCP",
+                }
             ],
         },
     }

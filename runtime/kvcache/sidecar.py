@@ -19,6 +19,8 @@ from policy import PoolPolicy
 from policy.workloads import FlexWorkload
 from runtime.kvcache.plugin import ENABLE_ENV, SOCKET_ENV, TOKEN_FILE_ENV
 
+METRICS_PORT = "kv-metrics"
+"""Name of the sidecar's port: ``/metrics`` (plugin + worker metrics) and ``POST /shrink``."""
 CONTROL_DIR = "/run/gpupool"
 SOCKET_PATH = f"{CONTROL_DIR}/kv.sock"
 TOKEN_DIR = "/etc/gpupool/kv-token"
@@ -92,7 +94,7 @@ def plugin_installer(policy: PoolPolicy) -> dict[str, Any]:
     are always the same gpupool version."""
     return {
         "name": "gpupool-plugin",
-        "image": policy.kv_cache.compaction_worker_image,
+        "image": policy.cluster.runtime_image,
         "command": ["cp", "-R", f"{PLUGIN_TREE}/.", PLUGIN_STAGING],
         "volumeMounts": [{"name": PLUGIN_VOLUME, "mountPath": PLUGIN_STAGING}],
         "resources": {
@@ -122,7 +124,7 @@ def compaction_sidecar(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, 
     kv = policy.kv_cache
     return {
         "name": "kv-compaction",
-        "image": kv.compaction_worker_image,
+        "image": policy.cluster.runtime_image,
         "command": ["gpupool", "kv-worker", "run"],
         "args": [
             "--policy",
@@ -137,11 +139,11 @@ def compaction_sidecar(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, 
             f"0.0.0.0:{kv.compaction_worker_port}",
         ],
         "ports": [
-            {"name": "kv-metrics", "containerPort": kv.compaction_worker_port, "protocol": "TCP"}
+            {"name": METRICS_PORT, "containerPort": kv.compaction_worker_port, "protocol": "TCP"}
         ],
         # Liveness only: a sidecar that is not ready must not take the pod out of its Service.
         "livenessProbe": {
-            "httpGet": {"path": "/metrics", "port": "kv-metrics"},
+            "httpGet": {"path": "/metrics", "port": METRICS_PORT},
             "periodSeconds": 30,
             "timeoutSeconds": 5,
             "failureThreshold": 3,

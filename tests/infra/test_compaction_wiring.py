@@ -109,7 +109,7 @@ def test_every_flex_pod_runs_the_sidecar_and_loads_the_plugin() -> None:
         assert [c["name"] for c in pod["containers"]] == ["vllm", "kv-compaction"]
         sidecar = _container(pod, "kv-compaction")
         assert sidecar == compaction_sidecar(policy, workload)
-        assert sidecar["image"] == kv.compaction_worker_image
+        assert sidecar["image"] == policy.cluster.runtime_image
         assert sidecar["command"] == ["gpupool", "kv-worker", "run"]
         args = dict(zip(sidecar["args"][::2], sidecar["args"][1::2], strict=True))
         assert args == {

@@ -129,6 +129,6 @@ def test_sidecar_spec_is_a_valid_container_in_a_flex_pod() -> None:
         },
     }
     kubernetes_validate.validate(pod, "1.30.0", strict=True)
-    assert sidecar["image"] == policy.kv_cache.compaction_worker_image
+    assert sidecar["image"] == policy.cluster.runtime_image
     assert f"http://127.0.0.1:{workload.port}/metrics" in sidecar["args"]
     assert sidecar["ports"][0]["containerPort"] == policy.kv_cache.compaction_worker_port
