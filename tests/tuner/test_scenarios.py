@@ -397,5 +397,16 @@ def test_unreachable_remote_fails_closed_and_the_next_cycle_retries(
     assert metrics.registry.get_sample_value("gpupool_tuner_fail_closed_skips_total", sample) == 1
     assert metrics.registry.get_sample_value("gpupool_tuner_cycles_total", {"trigger": "timer"})
 
+    # --no-fetch decides against the local branch as cloned, remote or not
+    offline = run_cycle(
+        client=connect(scenario_prometheus.url),
+        target=Target(repo=tuner, fetch=False),
+        settings=TunerSettings(),
+        metrics=metrics,
+        at=scenarios.evaluation_time("storm"),
+        dry_run=True,
+    )
+    assert offline.outcome == "dry_run"
+
     _git(tuner, "remote", "set-url", "origin", url)  # reachable again: the next cycle proposes
     assert _cycle(scenario_prometheus, tuner, "storm", metrics).outcome == "created"
