@@ -34,14 +34,18 @@ TUNER_UID = 1000
 TUNER_RESOURCES = {"cpu": "250m", "memory": "512Mi"}
 """Requests and limits of the tuner (it queries Prometheus and runs git; small and bursty)."""
 
+POLICY_REMOTE = "origin"
+"""Name of the clone's remote: the init container clones under it, and the tuner fetches the
+policy branch from it every cycle and pushes its proposal branches to it (``--remote``)."""
+
 CLONE_SCRIPT = """\
 set -eu
 if [ -d "$REPO_DIR/.git" ]; then
-  git -C "$REPO_DIR" fetch --quiet origin "$GIT_BRANCH"
+  git -C "$REPO_DIR" fetch --quiet "$GIT_REMOTE" "$GIT_BRANCH"
   git -C "$REPO_DIR" checkout --quiet --force -B "$GIT_BRANCH" FETCH_HEAD
 else
   git -c credential.helper="${GIT_CREDENTIAL_HELPER:-}" \\
-    clone --quiet --branch "$GIT_BRANCH" "$GIT_URL" "$REPO_DIR"
+    clone --quiet --origin "$GIT_REMOTE" --branch "$GIT_BRANCH" "$GIT_URL" "$REPO_DIR"
   if [ -n "${GIT_CREDENTIAL_HELPER:-}" ]; then
     git -C "$REPO_DIR" config credential.helper "$GIT_CREDENTIAL_HELPER"
   fi
@@ -87,6 +91,8 @@ def tuner_command(policy: PoolPolicy) -> list[str]:
         settings.policy_repo_branch,
         "--policy-path",
         settings.policy_repo_path,
+        "--remote",
+        POLICY_REMOTE,
     ]
     if settings.forge_repo is not None:
         command += ["--open-pr", "--forge-repo", settings.forge_repo]
@@ -142,6 +148,7 @@ def clone_container(policy: PoolPolicy) -> Manifest:
         "env": [
             {"name": "GIT_URL", "value": settings.policy_repo_url},
             {"name": "GIT_BRANCH", "value": settings.policy_repo_branch},
+            {"name": "GIT_REMOTE", "value": POLICY_REMOTE},
             {"name": "REPO_DIR", "value": REPO_PATH},
             *git_env(settings),
         ],

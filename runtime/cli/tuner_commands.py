@@ -91,9 +91,17 @@ def tune(
     forge_repo: Annotated[
         str | None, typer.Option(help="OWNER/NAME of the GitHub repository.")
     ] = None,
-    remote: Annotated[str, typer.Option(help="Git remote proposal branches are pushed to.")] = (
-        "origin"
-    ),
+    remote: Annotated[
+        str,
+        typer.Option(
+            help="Git remote the --base branch is fetched from every cycle (when --repo has it) "
+            "and proposal branches are pushed to."
+        ),
+    ] = "origin",
+    fetch: Annotated[
+        bool,
+        typer.Option(help="Fetch the --base branch from --remote at the start of every cycle."),
+    ] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every decision.")] = False,
 ) -> None:
     """Propose policy changes from what Prometheus shows, as git branches with evidence."""
@@ -118,7 +126,7 @@ def tune(
             if forge_repo is None:
                 raise UsageProblem("--open-pr needs --forge-repo OWNER/NAME")
             forge_options = ForgeOptions(
-                repository=forge_repo, token=os.environ.get(forge.TOKEN_ENV, ""), remote=remote
+                repository=forge_repo, token=os.environ.get(forge.TOKEN_ENV, "")
             )
             forge.build_pull_request(  # fail before any side effect on a bad repo or token
                 api_url=forge_options.api_url,
@@ -129,7 +137,7 @@ def tune(
                 head="",
                 base="",
             )
-        target = Target(repo=repo, policy_path=policy_path, base=base)
+        target = Target(repo=repo, policy_path=policy_path, base=base, remote=remote, fetch=fetch)
         client = connect(prometheus)
         metrics = TunerMetrics.create()
 

@@ -14,7 +14,7 @@ from ruamel.yaml import YAML
 from infra.builders.nodepools import Target as NodePoolTarget
 from policy import parse_policy
 from runtime.tuner import compaction, forge, gitrepo, prtext, signals
-from runtime.tuner.decisions import CycleDecision, apply_changes, decide
+from runtime.tuner.decisions import CycleDecision, NoOp, apply_changes, decide
 from runtime.tuner.manifests import manifest_diff
 from runtime.tuner.prometheus import fetch_snapshot
 from runtime.tuner.selfmetrics import TunerMetrics
@@ -23,6 +23,10 @@ from runtime.tuner.state import load_state, save_state, write_atomic
 from runtime.tuner.yamledit import edit_scalars
 
 log = logging.getLogger(__name__)
+
+FETCH_RULE = "policy-fetch"
+"""Rule name of the fail-closed no-op (and metric label) when the policy branch can't be
+fetched."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,12 @@ class Target:
     """Policy file, relative to the repository root."""
     base: str = "HEAD"
     """Ref the proposal branches from (and the PR's base)."""
+    remote: str = "origin"
+    """Remote the base branch is fetched from at the start of every cycle (when the
+    repository has it and ``base`` names a local branch), and proposal branches are pushed to
+    (``--open-pr``)."""
+    fetch: bool = True
+    """False: decide against the local ``base`` as it is, even when the remote exists."""
     render_target: NodePoolTarget = "labels"
     """Node-pool target the PR's manifest diff is rendered for (as ``gpupool diff -t``)."""
 
@@ -49,7 +59,6 @@ class ForgeOptions:
 
     repository: str
     token: str
-    remote: str = "origin"
     api_url: str = "https://api.github.com"
 
 
@@ -104,7 +113,14 @@ def run_cycle(
     metrics.cycles.labels(trigger).inc()
     state_path = target.tuner_dir / "state.json"
     state = load_state(state_path)
-    base_commit = gitrepo.resolve(target.repo, target.base)
+    try:
+        base_commit = _base_commit(target, timeout_s=settings.fetch_timeout_s)
+    except _FetchFailed as exc:
+        reason = f"fail closed: {exc}; no proposal this cycle, the next one fetches again"
+        decision = CycleDecision(None, None, (NoOp(FETCH_RULE, reason, "fetch"),))
+        _record_noops(decision, metrics)
+        metrics.last_cycle.set(time.time())
+        return CycleReport(decision)
     base_text = gitrepo.read_at(target.repo, base_commit, target.policy_path)
     source = f"{target.policy_path}@{base_commit[:12]}"
     base_document = YAML(typ="rt").load(base_text)
@@ -113,10 +129,7 @@ def run_cycle(
         client, signals=signals.SIGNALS, at=at, window=settings.window, metrics=metrics
     )
     decision = decide(policy=policy, snapshot=snapshot, state=state, settings=settings)
-    for noop in decision.noops:
-        log.info("%s: %s", noop.rule, noop.reason)
-        if noop.fail_closed is not None:
-            metrics.fail_closed.labels(noop.rule, noop.fail_closed).inc()
+    _record_noops(decision, metrics)
     report = CycleReport(decision)
 
     if decision.compaction is not None:
@@ -188,8 +201,32 @@ def run_cycle(
     return report
 
 
+class _FetchFailed(Exception):
+    """The policy branch could not be fetched; the cycle fails closed."""
+
+
+def _base_commit(target: Target, *, timeout_s: float) -> str:
+    """The commit a cycle decides against: the remote's head of the base branch, fetched now,
+    when the repository has ``target.remote``; otherwise the local ref, as committed."""
+    if target.fetch and gitrepo.has_remote(target.repo, target.remote):
+        branch = gitrepo.branch_of(target.repo, target.base)
+        if branch is not None:
+            try:
+                return gitrepo.fetch_branch(target.repo, target.remote, branch, timeout_s=timeout_s)
+            except gitrepo.GitError as exc:
+                raise _FetchFailed(str(exc)) from None
+    return gitrepo.resolve(target.repo, target.base)
+
+
+def _record_noops(decision: CycleDecision, metrics: TunerMetrics) -> None:
+    for noop in decision.noops:
+        log.info("%s: %s", noop.rule, noop.reason)
+        if noop.fail_closed is not None:
+            metrics.fail_closed.labels(noop.rule, noop.fail_closed).inc()
+
+
 def _open_pr(target: Target, options: ForgeOptions, title: str, body: str, branch: str) -> str:
-    gitrepo.push(target.repo, options.remote, branch)
+    gitrepo.push(target.repo, target.remote, branch)
     base = gitrepo.git(target.repo, "rev-parse", "--abbrev-ref", target.base).strip()
     call = forge.build_pull_request(
         api_url=options.api_url,

@@ -3,6 +3,7 @@ user's checkout, index and uncommitted work are never touched."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -15,10 +16,20 @@ class GitError(Exception):
     """A git command failed; the message carries the command and git's stderr."""
 
 
-def git(repo: Path, *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True, check=False
-    )
+def git(repo: Path, *args: str, stdin: str | None = None, timeout_s: float | None = None) -> str:
+    """Run git; network commands pass ``timeout_s`` and never prompt for credentials."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout_s,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    except subprocess.TimeoutExpired:
+        raise GitError(f"git {' '.join(args)} in {repo}: no answer in {timeout_s:g} s") from None
     if done.returncode != 0:
         raise GitError(f"git {' '.join(args)} in {repo}: {done.stderr.strip()}")
     return done.stdout
@@ -31,6 +42,26 @@ def common_dir(repo: Path) -> Path:
 
 def resolve(repo: Path, ref: str) -> str:
     return git(repo, "rev-parse", "--verify", f"{ref}^{{commit}}").strip()
+
+
+def has_remote(repo: Path, remote: str) -> bool:
+    return remote in git(repo, "remote").split()
+
+
+def branch_of(repo: Path, ref: str) -> str | None:
+    """The local branch ``ref`` names (``HEAD``: the checked-out one); None for anything
+    else (a commit, a tag, a remote-tracking ref, a detached HEAD)."""
+    full = git(repo, "rev-parse", "--symbolic-full-name", ref).strip()
+    return full.removeprefix("refs/heads/") if full.startswith("refs/heads/") else None
+
+
+def fetch_branch(repo: Path, remote: str, branch: str, *, timeout_s: float) -> str:
+    """Fetch ``branch`` from ``remote`` into ``refs/remotes/<remote>/<branch>`` and return
+    its commit. Only that ref moves: the local branch, index and work tree are untouched."""
+    tracking = f"refs/remotes/{remote}/{branch}"
+    refspec = f"+refs/heads/{branch}:{tracking}"
+    git(repo, "fetch", "--quiet", "--no-tags", remote, refspec, timeout_s=timeout_s)
+    return resolve(repo, tracking)
 
 
 def read_at(repo: Path, commit: str, path: str) -> str:

@@ -37,7 +37,7 @@ class TunerMetrics:
             fail_closed=Counter(
                 "gpupool_tuner_fail_closed_skips",
                 "Decisions skipped because their data was unusable, by rule and kind "
-                "(unreachable, absent, stale, nan).",
+                "(unreachable, absent, stale, nan; fetch: the policy branch could not be fetched).",
                 ["rule", "kind"],
                 registry=r,
             ),

@@ -37,6 +37,9 @@ class TunerSettings(StrictModel):
     """Least time between two policy proposals, so the cluster can show the last one's effect."""
     interval: Duration = "5m"
     """Time between two cycles of ``gpupool tune`` without ``--once`` (alerts trigger more)."""
+    fetch_timeout: Duration = "60s"
+    """Longest a cycle waits for ``git fetch`` of the policy branch; past it the cycle fails
+    closed (no proposal) and the next one tries again."""
     shed_above_step: Fraction = Field(0.05, gt=0)
     """Step by which an eviction storm raises ``elastic.shed_above``."""
     shed_above_max: Fraction = 0.85
@@ -84,6 +87,10 @@ class TunerSettings(StrictModel):
     @property
     def interval_s(self) -> float:
         return duration_seconds(self.interval)
+
+    @property
+    def fetch_timeout_s(self) -> float:
+        return duration_seconds(self.fetch_timeout)
 
 
 def load_settings(path: Path | None) -> TunerSettings:

@@ -14,6 +14,7 @@ import pytest
 from alerts.routing import alertmanager_config
 from infra.builders.runtime_components import (
     CLONE_SCRIPT,
+    POLICY_REMOTE,
     REPO_PATH,
     clone_container,
     tuner_deployment,
@@ -66,6 +67,8 @@ def test_ready_when_healthz_answers_and_no_pr_without_a_forge() -> None:
     assert command[command.index("--repo") + 1] == REPO_PATH
     assert command[command.index("--base") + 1] == policy.tuner.policy_repo_branch
     assert command[command.index("--policy-path") + 1] == policy.tuner.policy_repo_path
+    # the tuner fetches the policy branch every cycle from the remote the clone is made under
+    assert command[command.index("--remote") + 1] == POLICY_REMOTE
     (init,) = pod["initContainers"]
     assert init["image"] == tuner["image"] == policy.cluster.runtime_image
     assert container_env(init)["GIT_URL"] == policy.tuner.policy_repo_url
@@ -154,6 +157,7 @@ def test_init_container_clones_then_fast_forwards_the_policy_branch(tmp_path: Pa
     _run_init(container, clone, tmp_path)
     assert (clone / policy.tuner.policy_repo_path).read_text() == "cluster: {name: one}\n"
     assert _git(clone, "rev-parse", "--abbrev-ref", "HEAD") == "release"
+    assert _git(clone, "remote") == POLICY_REMOTE
 
     # a pod restart keeps the volume: the init container fetches the new head instead
     (origin / "policy" / "pool.yaml").write_text("cluster: {name: two}\n")

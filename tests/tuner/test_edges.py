@@ -14,7 +14,7 @@ from policy import DEFAULT_POLICY, PolicyError, load_policy
 from runtime.cli.app import app
 from runtime.tuner.decisions import Change
 from runtime.tuner.forge import build_pull_request
-from runtime.tuner.gitrepo import commit_on_new_branch, git, push, resolve
+from runtime.tuner.gitrepo import branch_of, commit_on_new_branch, git, push, resolve
 from runtime.tuner.manifests import manifest_diff
 from runtime.tuner.settings import TunerSettings, load_settings
 from runtime.tuner.webhook import Triggers, notification_key
@@ -174,3 +174,16 @@ def test_manifest_diff_renders_with_the_model_configs_committed_at_the_base(
     )
     assert diff == expected
     assert "maxReplicas" in diff
+
+
+def test_only_a_local_branch_base_is_fetched(policy_repo: Path) -> None:
+    """``branch_of`` decides what a cycle fetches: the branch ``--base`` names (``HEAD``: the
+    checked-out one); a commit, a tag or a detached HEAD is used as committed."""
+    head = resolve(policy_repo, "HEAD")
+    git(policy_repo, "tag", "v1")
+    assert branch_of(policy_repo, "HEAD") == "main"
+    assert branch_of(policy_repo, "main") == "main"
+    assert branch_of(policy_repo, head) is None
+    assert branch_of(policy_repo, "v1") is None
+    git(policy_repo, "checkout", "--quiet", "--detach")
+    assert branch_of(policy_repo, "HEAD") is None

@@ -324,3 +324,89 @@ def test_uncommitted_work_is_left_alone_and_not_proposed(
         " M policy/pool.yaml",
         "?? notes.txt",
     ]
+
+
+RESERVE_LINE = "    reserve_ratio: {}       # kept free for production bursts"
+
+
+@pytest.fixture
+def upstream_clone(policy_repo: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """(reviewer, tuner): ``policy_repo`` pushes to a bare upstream, and the tuner's
+    repository is a clone of it (``origin``), as the init container makes in the cluster."""
+    upstream = tmp_path / "upstream.git"
+    _git(tmp_path, "init", "--quiet", "--bare", "--initial-branch=main", str(upstream))
+    _git(policy_repo, "remote", "add", "origin", str(upstream))
+    _git(policy_repo, "push", "--quiet", "origin", "main")
+    clone = tmp_path / "tuner"
+    _git(tmp_path, "clone", "--quiet", "--branch", "main", str(upstream), str(clone))
+    return policy_repo, clone
+
+
+def test_each_cycle_decides_against_the_policy_fetched_from_upstream(
+    scenario_prometheus: Server, upstream_clone: tuple[Path, Path]
+) -> None:
+    reviewer, tuner = upstream_clone
+    settings = TunerSettings(cooldown="5s")  # two proposals from the same storm data
+
+    def cycle(later_s: float) -> CycleReport:
+        return run_cycle(
+            client=connect(scenario_prometheus.url),
+            target=Target(repo=tuner, base="main"),
+            settings=settings,
+            metrics=TunerMetrics.create(),
+            at=scenarios.evaluation_time("storm") + later_s,
+        )
+
+    first = cycle(0)
+    assert first.outcome == "created" and first.body is not None
+    assert "| `node_pools.0.reserve_ratio` | 0.2 | 0.25 |" in first.body
+    local_main = _git(tuner, "rev-parse", "main")
+
+    # a reviewer changes the reserve upstream; the tuner's pod keeps running
+    path = reviewer / "policy" / "pool.yaml"
+    path.write_text(SHIPPED.replace(RESERVE_LINE.format("0.20"), RESERVE_LINE.format("0.30")))
+    _git(reviewer, "-c", "user.name=r", "-c", "user.email=r@example.invalid", "commit", "-qam", "r")
+    _git(reviewer, "push", "--quiet", "origin", "main")
+    merged = _git(reviewer, "rev-parse", "HEAD").strip()
+
+    second = cycle(10)
+    assert second.outcome == "created" and second.body is not None and second.branch is not None
+    assert "| `node_pools.0.reserve_ratio` | 0.3 | 0.35 |" in second.body
+    assert _git(tuner, "rev-parse", f"{second.branch}^").strip() == merged
+    assert RESERVE_LINE.format("0.35") in _proposed_text(tuner, second.branch)
+    # only the remote-tracking ref moved: local main, index and work tree are as cloned
+    assert _git(tuner, "rev-parse", "main") == local_main
+    assert _git(tuner, "status", "--porcelain") == ""
+    assert (tuner / "policy" / "pool.yaml").read_text() == SHIPPED
+
+
+def test_unreachable_remote_fails_closed_and_the_next_cycle_retries(
+    scenario_prometheus: Server, upstream_clone: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, tuner = upstream_clone
+    url = _git(tuner, "remote", "get-url", "origin").strip()
+    _git(tuner, "remote", "set-url", "origin", str(tmp_path / "gone.git"))
+    metrics = TunerMetrics.create()
+    report = _cycle(scenario_prometheus, tuner, "storm", metrics)
+    assert report.decision.proposal is None and report.decision.compaction is None
+    [noop] = report.decision.noops
+    assert (noop.rule, noop.fail_closed) == ("policy-fetch", "fetch")
+    assert noop.reason.startswith("fail closed: git fetch") and "gone.git" in noop.reason
+    assert _tuner_branches(tuner) == []
+    sample = {"rule": "policy-fetch", "kind": "fetch"}
+    assert metrics.registry.get_sample_value("gpupool_tuner_fail_closed_skips_total", sample) == 1
+    assert metrics.registry.get_sample_value("gpupool_tuner_cycles_total", {"trigger": "timer"})
+
+    # --no-fetch decides against the local branch as cloned, remote or not
+    offline = run_cycle(
+        client=connect(scenario_prometheus.url),
+        target=Target(repo=tuner, fetch=False),
+        settings=TunerSettings(),
+        metrics=metrics,
+        at=scenarios.evaluation_time("storm"),
+        dry_run=True,
+    )
+    assert offline.outcome == "dry_run"
+
+    _git(tuner, "remote", "set-url", "origin", url)  # reachable again: the next cycle proposes
+    assert _cycle(scenario_prometheus, tuner, "storm", metrics).outcome == "created"
