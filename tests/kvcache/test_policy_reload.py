@@ -9,6 +9,7 @@ never changes; the instance's ``/metrics`` page is a file read through a ``file:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -19,12 +20,15 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
 
 from infra.builders.policy_config import policy_text, sidecar_policy
 from policy import DEFAULT_POLICY, PolicyError, PoolPolicy, load_policy
+from runtime.cli.app import app
 from runtime.kvcache.control import ControlClient, ControlServer
 from runtime.kvcache.policy_file import PolicyFile
 from runtime.kvcache.worker import CompactionWorker
+from tests.harness.servers import free_port
 
 USAGE = 0.45
 """KV usage the instance reports: between the two thresholds the tests switch between."""
@@ -103,6 +107,7 @@ def plugin(tmp_path: Path) -> Iterator[tuple[ControlClient, list[str]]]:
         return {"status": "done", "usable_blocks": args.get("num_blocks", POOL["usable_blocks"])}
 
     token = secrets.token_hex(8)
+    (tmp_path / "token").write_text(token)  # for the command line
     server = ControlServer(tmp_path / "ctl" / "kv.sock", token, handle)
     yield ControlClient(server.path, token), asked
     server.close()
@@ -228,3 +233,25 @@ def test_without_a_policy_file_the_policy_stays_fixed(
     worker.poll()
     assert worker.policy is policy
     assert value(worker.registry, "gpupool_kv_worker_policy_generation") == 0
+
+
+def test_the_sidecar_command_starts_only_on_a_valid_policy(
+    mounted: tuple[Path, Writer], plugin: tuple[ControlClient, list[str]], tmp_path: Path
+) -> None:
+    path, write = mounted
+    token_file = tmp_path / "token"  # written by the plugin fixture
+    metrics = tmp_path / "metrics.txt"
+    metrics.write_text(METRICS)
+    command = [
+        "kv-worker", "run", "--policy", str(path), "--socket", str(plugin[0].path),
+        "--token-file", str(token_file), "--metrics-url", metrics.as_uri(),
+        "--listen", f"127.0.0.1:{free_port()}", "--polls", "1",
+    ]  # fmt: skip
+    text, line = invalid_text()
+    write(text)
+    refused = CliRunner().invoke(app, command)
+    assert refused.exit_code == 1 and f"{path}:{line}: kv_cache" in refused.output, refused.output
+    write(configmap_text(LOW))
+    one_poll = CliRunner().invoke(app, command)
+    assert one_poll.exit_code == 0, one_poll.output
+    assert json.loads(one_poll.stderr.strip().splitlines()[-1])["decision"]["action"] == "none"
