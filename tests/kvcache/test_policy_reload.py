@@ -27,6 +27,7 @@ from policy import DEFAULT_POLICY, PolicyError, PoolPolicy, load_policy
 from runtime.cli.app import app
 from runtime.kvcache.control import ControlClient, ControlServer
 from runtime.kvcache.policy_file import PolicyFile
+from runtime.kvcache.sidecar import POLICY_DIR, POLICY_VOLUME, compaction_sidecar
 from runtime.kvcache.worker import CompactionWorker
 from tests.harness.servers import free_port
 
@@ -255,3 +256,15 @@ def test_the_sidecar_command_starts_only_on_a_valid_policy(
     one_poll = CliRunner().invoke(app, command)
     assert one_poll.exit_code == 0, one_poll.output
     assert json.loads(one_poll.stderr.strip().splitlines()[-1])["decision"]["action"] == "none"
+
+
+def test_the_sidecar_mounts_the_whole_configmap_directory() -> None:
+    """The kubelet never updates a ``subPath`` mount, so the policy must be mounted whole."""
+    policy = load_policy(DEFAULT_POLICY)
+    if not policy.workloads:
+        pytest.fail("the shipped policy declares no flex workload to attach the sidecar to")
+    container = compaction_sidecar(policy, policy.workloads[0])
+    mount = next(m for m in container["volumeMounts"] if m["name"] == POLICY_VOLUME)
+    assert "subPath" not in mount and mount["mountPath"] == POLICY_DIR
+    args = container["args"]
+    assert Path(args[args.index("--policy") + 1]).parent == Path(POLICY_DIR)
