@@ -40,21 +40,30 @@ class PolicyError(Exception):
         super().__init__("\n".join(str(p) for p in problems))
 
 
-def read_yaml(path: Path) -> Any:
-    """Round-trip YAML (keeps line numbers and comments); raises PolicyError on bad YAML."""
+def read_text(path: Path) -> str:
+    """The file's text; raises PolicyError when it cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise PolicyError([Problem(str(path), 0, "", "file not found")]) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise PolicyError([Problem(str(path), 0, "", f"cannot read file: {exc}")]) from None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Round-trip YAML (keeps line numbers and comments); raises PolicyError on bad YAML."""
     try:
         return YAML(typ="rt").load(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 0
         what = " ".join(str(x) for x in (exc.context, exc.problem) if x)
-        raise PolicyError([Problem(str(path), line, "", f"invalid YAML: {what}")]) from None
+        raise PolicyError([Problem(source, line, "", f"invalid YAML: {what}")]) from None
+
+
+def read_yaml(path: Path) -> Any:
+    """``path`` read and parsed by ``parse_yaml``."""
+    return parse_yaml(read_text(path), str(path))
 
 
 def parse_policy(document: Any, source: str = "<policy>") -> PoolPolicy:

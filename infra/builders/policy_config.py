@@ -5,8 +5,9 @@ It restates the validated policy without its ``workloads`` list (``model_dump(by
 so the sidecar loads it with the same loader and checks as ``gpupool validate``. The
 workloads are left out because no trigger reads them: the ConfigMap then stays the same size
 however many workloads there are (ConfigMaps are capped at 1 MiB) and adding a workload does
-not change it. A sidecar reads it once at start, so a policy change reaches running sidecars
-when their pods are next replaced.
+not change it. Running sidecars pick up a changed ConfigMap between polls, without a restart
+(``runtime/kvcache/policy_file.py``); the volume must therefore be mounted whole, not by
+``subPath``.
 """
 
 from __future__ import annotations

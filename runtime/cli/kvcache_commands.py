@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -106,11 +107,19 @@ def run(
         int, typer.Option("--polls", help="Stop after this many polls (0 = run forever).")
     ] = 0,
 ) -> None:
-    """The sidecar: poll metrics, decide from the policy's triggers, drive the plugin."""
+    """The sidecar: poll metrics, decide from the policy's triggers, drive the plugin.
+
+    The policy file is re-read before every poll; a new valid version takes effect at once,
+    an invalid one is logged and the last good policy stays in use."""
+    from runtime.kvcache.policy_file import PolicyFile
     from runtime.kvcache.worker import CompactionWorker, serve_http
 
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    policy_file = PolicyFile(policy)
     with reported_errors():
-        loaded = load_policy(policy)
+        loaded = policy_file.load()
         try:
             token = read_token(token_file)
         except ControlError as exc:
@@ -118,9 +127,8 @@ def run(
         host, _, port = listen.rpartition(":")
         if not host or not port.isdigit():
             raise UsageProblem(f"--listen: expected HOST:PORT, found {listen!r}")
-    worker = CompactionWorker(loaded, metrics_url, ControlClient(socket, token))
+    worker = CompactionWorker(loaded, metrics_url, ControlClient(socket, token), policy_file)
     server = serve_http(worker, host, int(port), token)
-    interval = duration_seconds(loaded.kv_cache.compaction_poll_interval)
     done = 0
     try:
         while polls == 0 or done < polls:
@@ -128,7 +136,7 @@ def run(
             typer.echo(json.dumps({"decision": decision.__dict__, "reply": reply}), err=True)
             done += 1
             if polls == 0 or done < polls:
-                time.sleep(interval)
+                time.sleep(duration_seconds(worker.policy.kv_cache.compaction_poll_interval))
     finally:
         server.shutdown()
 

@@ -4,12 +4,16 @@ Edges only: HTTP scrape of vLLM's ``/metrics``, the plugin's control socket, and
 server for Prometheus (``GET /metrics``: the sidecar's and the plugin's metrics) and for
 shrink requests from the tuner or an alert webhook (``POST /shrink`` with
 ``{"num_blocks": N}`` and ``Authorization: Bearer <token>``). Decisions are ``triggers.decide``.
+Each poll first looks at the policy file (``policy_file.PolicyFile``): a new valid version
+is used from that poll's decision on; an invalid one is logged once and the last good policy
+stays in use.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 import threading
 import time
 import urllib.request
@@ -17,17 +21,20 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from policy import PoolPolicy
 from runtime.kvcache.control import ControlClient, ControlError
 from runtime.kvcache.limits import CompactionLimits
+from runtime.kvcache.policy_file import PolicyFile
 from runtime.kvcache.triggers import Decision, InstanceSample, PoolState, decide
 
 USAGE = "vllm:kv_cache_usage_perc"
 QUERIES = "vllm:prefix_cache_queries_total"
 HITS = "vllm:prefix_cache_hits_total"
+
+log = logging.getLogger(__name__)
 
 
 def parse_sample(text: str, at_s: float) -> InstanceSample | None:
@@ -54,11 +61,13 @@ def scrape(url: str, timeout_s: float = 5.0) -> InstanceSample | None:
 
 @dataclass
 class CompactionWorker:
-    """State of one sidecar: the last sample, the last compaction, a pending shrink request."""
+    """State of one sidecar: the policy in use, the last sample, the last compaction, a
+    pending shrink request. Without ``policy_file`` the policy never changes."""
 
     policy: PoolPolicy
     metrics_url: str
     client: ControlClient
+    policy_file: PolicyFile | None = None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     previous: InstanceSample | None = None
     last_compaction_at_s: float | None = None
@@ -77,6 +86,50 @@ class CompactionWorker:
             "Polls that could not read metrics or reach the plugin.",
             registry=self.registry,
         )
+        self.policy_reload_errors = Counter(
+            "gpupool_kv_worker_policy_reload_errors",
+            "New versions of the policy file that failed validation (the last good one stays).",
+            registry=self.registry,
+        )
+        self.policy_generation = Gauge(
+            "gpupool_kv_worker_policy_generation",
+            "Versions of the policy file put in use since the sidecar started (1 = the first).",
+            registry=self.registry,
+        )
+        self.policy_info = Info(
+            "gpupool_kv_worker_policy",
+            "SHA-256 of the policy file version in use.",
+            registry=self.registry,
+        )
+        if self.policy_file is not None:
+            self._show_policy_version(self.policy_file)
+
+    def _show_policy_version(self, source: PolicyFile) -> None:
+        self.policy_generation.set(source.generation)
+        self.policy_info.info({"sha256": source.digest or ""})
+
+    def reload_policy(self) -> None:
+        """Put a new valid version of the policy file in use; log and count an invalid one."""
+        if self.policy_file is None:
+            return
+        reload = self.policy_file.refresh()
+        if reload.policy is not None:
+            self.policy = reload.policy
+            self._show_policy_version(self.policy_file)
+            log.info(
+                "policy %s: version %d loaded (sha256 %s)",
+                self.policy_file.path,
+                self.policy_file.generation,
+                self.policy_file.digest,
+            )
+        elif reload.outcome == "rejected":
+            self.policy_reload_errors.inc()
+            log.error(
+                "policy %s: new version rejected, keeping version %d:\n%s",
+                self.policy_file.path,
+                self.policy_file.generation,
+                "\n".join(str(problem) for problem in reload.problems),
+            )
 
     def request_shrink(self, num_blocks: int) -> None:
         """Queue a shrink for the next poll (from the tuner or an alert webhook)."""
@@ -84,7 +137,10 @@ class CompactionWorker:
             self.shrink_request = num_blocks
 
     def poll(self) -> tuple[Decision, dict[str, Any] | None]:
-        """Read metrics and pool, decide, act; returns the decision and the plugin's reply."""
+        """Re-read the policy, read metrics and pool, decide, act; returns the decision and
+        the plugin's reply."""
+        self.reload_policy()
+        policy = self.policy
         current = scrape(self.metrics_url)
         try:
             status = self.client.call("status")
@@ -99,23 +155,23 @@ class CompactionWorker:
             previous=self.previous,
             current=current,
             pool=pool,
-            kv=self.policy.kv_cache,
-            hit_rate_min=self.policy.alerting.thresholds.kv_hit_rate.min,
+            kv=policy.kv_cache,
+            hit_rate_min=policy.alerting.thresholds.kv_hit_rate.min,
             last_compaction_at_s=self.last_compaction_at_s,
             shrink_request=request,
         )
         if current is None or pool is None:
             self.errors.inc()
         self.previous = current or self.previous
-        reply = self._act(decision)
+        reply = self._act(decision, policy)
         status_label = "none" if reply is None else str(reply.get("status"))
         self.decisions.labels(decision.action, status_label).inc()
         if reply is not None and reply.get("status") == "done" and decision.action != "grow":
             self.last_compaction_at_s = current.at_s if current else time.monotonic()
         return decision, reply
 
-    def _act(self, decision: Decision) -> dict[str, Any] | None:
-        limits = CompactionLimits.from_policy(self.policy.kv_cache).__dict__
+    def _act(self, decision: Decision, policy: PoolPolicy) -> dict[str, Any] | None:
+        limits = CompactionLimits.from_policy(policy.kv_cache).__dict__
         try:
             if decision.action == "compact":
                 return self.client.call("compact", limits=limits)
