@@ -59,13 +59,18 @@ class BundleComponent(pulumi.ComponentResource):
 
 
 class InferenceWorkload(BundleComponent):
-    """One flex vLLM workload: Deployment, PVC, Service, PDB and HPA."""
+    """One flex vLLM workload: Deployment, PVC, Service, PDB and HPA (and, with compaction,
+    the sidecars' headless Service)."""
 
     service_url: pulumi.Output[str]
     """In-cluster URL of the workload's Service, from the Service resource's outputs."""
 
     def outputs(self) -> dict[str, pulumi.Input[str]]:
-        (name,) = (logical_name(o) for o in self.objects if o["kind"] == "Service")
+        (name,) = (
+            logical_name(o)
+            for o in self.objects
+            if o["kind"] == "Service" and o["spec"].get("clusterIP") != "None"
+        )
         service = cast(Service, self.resources[name])
         self.service_url = pulumi.Output.all(service.metadata, service.spec).apply(_service_url)
         return super().outputs() | {"service_url": self.service_url}

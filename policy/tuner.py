@@ -52,6 +52,12 @@ class Tuner(StrictModel):
     """Secret holding the GitHub token that may open pull requests (used with ``forge_repo``)."""
     forge_token_key: str = Field("token", pattern=_SECRET_KEY)
     """Key of the token inside ``forge_token_secret``."""
+    compaction_token_secret: DnsLabel = "gpupool-compaction-token"
+    """Secret holding the bearer token of the tuner's compaction requests; create it with the
+    same value in ``cluster.system_namespace`` (the tuner) and ``cluster.flex_namespace`` (the
+    sidecars). Optional: while it is absent the tuner only logs its requests."""
+    compaction_token_key: str = Field("token", pattern=_SECRET_KEY)
+    """Key of the token inside ``compaction_token_secret``."""
 
     @property
     def webhook_credentials_file(self) -> str:

@@ -16,6 +16,8 @@ from infra.builders.meta import Manifest, metadata, selector_labels
 from infra.builders.rbac import TUNER_SERVICE_ACCOUNT
 from policy import PoolPolicy
 from policy.tuner import Tuner
+from runtime.kvcache.sidecar import compaction_service_address
+from runtime.tuner.compaction import TOKEN_ENV as COMPACTION_TOKEN_ENV
 from runtime.tuner.forge import TOKEN_ENV as FORGE_TOKEN_ENV
 from runtime.tuner.webhook import TOKEN_ENV as WEBHOOK_TOKEN_ENV
 
@@ -96,11 +98,17 @@ def tuner_command(policy: PoolPolicy) -> list[str]:
     ]
     if settings.forge_repo is not None:
         command += ["--open-pr", "--forge-repo", settings.forge_repo]
+    for workload in policy.workloads:
+        if workload.kv_compaction:
+            command += ["--compaction-service", compaction_service_address(policy, workload)]
     return command
 
 
-def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
-    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+def _secret_env(name: str, secret: str, key: str, *, optional: bool = False) -> dict[str, Any]:
+    ref: dict[str, Any] = {"name": secret, "key": key}
+    if optional:
+        ref["optional"] = True
+    return {"name": name, "valueFrom": {"secretKeyRef": ref}}
 
 
 def git_env(settings: Tuner) -> list[dict[str, Any]]:
@@ -163,6 +171,13 @@ def tuner_container(policy: PoolPolicy) -> Manifest:
     settings = policy.tuner
     env = [
         _secret_env(WEBHOOK_TOKEN_ENV, settings.webhook_token_secret, settings.webhook_token_key),
+        # optional: without the Secret the sidecars refuse the requests and the tuner logs it
+        _secret_env(
+            COMPACTION_TOKEN_ENV,
+            settings.compaction_token_secret,
+            settings.compaction_token_key,
+            optional=True,
+        ),
         *git_env(settings),
     ]
     if settings.forge_repo is not None:

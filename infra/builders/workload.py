@@ -18,6 +18,8 @@ from infra.builders.rbac import COMPACTION_SERVICE_ACCOUNT
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
 from runtime.kvcache.sidecar import (
+    METRICS_PORT,
+    compaction_service_name,
     compaction_sidecar,
     compaction_volumes,
     plugin_installer,
@@ -73,10 +75,12 @@ def flex_workload(
     policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[str]
 ) -> list[Manifest]:
     """Every object of one flex workload, in apply order."""
+    compaction = [compaction_service(policy, workload)] if workload.kv_compaction else []
     return [
         snapshot_claim(policy, workload),
         deployment(policy, workload, vllm_args),
         service(policy, workload),
+        *compaction,
         disruption_budget(policy, workload),
         autoscaler(policy, workload),
     ]
@@ -141,7 +145,7 @@ def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[s
     compaction: Manifest = {}
     if workload.kv_compaction:
         containers.append(compaction_sidecar(policy, workload))
-        volumes += compaction_volumes(workload)
+        volumes += compaction_volumes(policy, workload)
         compaction["initContainers"] = [plugin_installer(policy)]
     return {
         "apiVersion": "apps/v1",
@@ -256,6 +260,28 @@ def service(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
                     "name": HTTP_PORT,
                     "port": workload.port,
                     "targetPort": HTTP_PORT,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def compaction_service(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
+    """Headless Service on the sidecars' port: its DNS name resolves to every ready pod, so
+    the tuner can post a compaction request to each without RBAC to list pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(policy, compaction_service_name(workload), workload),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(workload.name),
+            "ports": [
+                {
+                    "name": METRICS_PORT,
+                    "port": policy.kv_cache.compaction_worker_port,
+                    "targetPort": METRICS_PORT,
                     "protocol": "TCP",
                 }
             ],

@@ -106,6 +106,16 @@ def run(
     polls: Annotated[
         int, typer.Option("--polls", help="Stop after this many polls (0 = run forever).")
     ] = 0,
+    workload: Annotated[
+        str | None,
+        typer.Option(help="This pod's workload: compaction requests must name it."),
+    ] = None,
+    compaction_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Shared token also accepted on POST /compaction-requests (ignored if absent)."
+        ),
+    ] = None,
 ) -> None:
     """The sidecar: poll metrics, decide from the policy's triggers, drive the plugin.
 
@@ -127,8 +137,17 @@ def run(
         host, _, port = listen.rpartition(":")
         if not host or not port.isdigit():
             raise UsageProblem(f"--listen: expected HOST:PORT, found {listen!r}")
-    worker = CompactionWorker(loaded, metrics_url, ControlClient(socket, token), policy_file)
-    server = serve_http(worker, host, int(port), token)
+    compaction_token = None
+    if compaction_token_file is not None and compaction_token_file.exists():
+        with reported_errors():
+            try:
+                compaction_token = read_token(compaction_token_file)
+            except ControlError as exc:
+                raise UsageProblem(str(exc)) from None
+    worker = CompactionWorker(
+        loaded, metrics_url, ControlClient(socket, token), policy_file, workload=workload
+    )
+    server = serve_http(worker, host, int(port), token, compaction_token)
     done = 0
     try:
         while polls == 0 or done < polls:

@@ -80,6 +80,13 @@ def tune(
         str | None,
         typer.Option(help="Compaction worker endpoint that receives compaction requests (POST)."),
     ] = None,
+    compaction_service: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="HOST:PORT of a headless Service of compaction sidecars; the request goes to "
+            "every address it resolves to (repeatable). Token: $GPUPOOL_COMPACTION_TOKEN."
+        ),
+    ] = None,
     token_file: Annotated[
         Path | None,
         typer.Option(help=f"File with the webhook bearer token (default: ${TOKEN_ENV})."),
@@ -105,7 +112,7 @@ def tune(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every decision.")] = False,
 ) -> None:
     """Propose policy changes from what Prometheus shows, as git branches with evidence."""
-    from runtime.tuner import forge
+    from runtime.tuner import compaction, forge
     from runtime.tuner.cycle import ForgeOptions, Target, run_cycle
     from runtime.tuner.gitrepo import GitError
     from runtime.tuner.prometheus import connect
@@ -120,6 +127,10 @@ def tune(
     )
     with reported_errors():
         settings = load_settings(settings_file)
+        for service in compaction_service or ():
+            host, _, port = service.rpartition(":")
+            if not host or not port.isdigit():
+                raise UsageProblem(f"--compaction-service: expected HOST:PORT, found {service!r}")
         when = None if at is None else _timestamp(at)
         forge_options = None
         if open_pr:
@@ -151,6 +162,8 @@ def tune(
                 trigger=trigger,
                 dry_run=dry_run,
                 compaction_url=compaction_url,
+                compaction_services=compaction_service or (),
+                compaction_token=os.environ.get(compaction.TOKEN_ENV) or None,
                 forge_options=forge_options,
             )
             for line in report.lines():

@@ -20,11 +20,14 @@ from policy.workloads import FlexWorkload
 from runtime.kvcache.plugin import ENABLE_ENV, SOCKET_ENV, TOKEN_FILE_ENV
 
 METRICS_PORT = "kv-metrics"
-"""Name of the sidecar's port: ``/metrics`` (plugin + worker metrics) and ``POST /shrink``."""
+"""Name of the sidecar's port: ``/metrics`` (plugin + worker metrics), ``POST /shrink`` and
+``POST /compaction-requests``."""
 CONTROL_DIR = "/run/gpupool"
 SOCKET_PATH = f"{CONTROL_DIR}/kv.sock"
 TOKEN_DIR = "/etc/gpupool/kv-token"
 TOKEN_PATH = f"{TOKEN_DIR}/token"
+COMPACTION_TOKEN_DIR = "/etc/gpupool/compaction-token"
+"""Where the shared compaction token (``tuner.compaction_token_secret``) is mounted."""
 POLICY_DIR = "/etc/gpupool/policy"
 POLICY_CONFIGMAP = "gpupool-policy"
 """ConfigMap holding ``pool.yaml`` (the policy the sidecar reads its triggers from)."""
@@ -35,11 +38,12 @@ PLUGIN_TREE = "/opt/gpupool/vllm-plugin"
 container mounts its copy (infra/images/runtime.Dockerfile builds it)."""
 PLUGIN_STAGING = "/gpupool-plugin"
 """Mount point of the plugin ``emptyDir`` inside the initContainer (the copy's destination)."""
-CONTROL_VOLUME, TOKEN_VOLUME, POLICY_VOLUME, PLUGIN_VOLUME = (
+CONTROL_VOLUME, TOKEN_VOLUME, POLICY_VOLUME, PLUGIN_VOLUME, COMPACTION_TOKEN_VOLUME = (
     "gpupool-kv-control",
     "gpupool-kv-token",
     "gpupool-policy",
     "gpupool-plugin",
+    "gpupool-compaction-token",
 )
 CONTAINER_SECURITY: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
@@ -53,6 +57,17 @@ CONTAINER_SECURITY: dict[str, Any] = {
 def token_secret_name(workload: FlexWorkload) -> str:
     """Secret (key ``token``) shared by the plugin and the sidecar of ``workload``."""
     return f"{workload.name}-kv-token"
+
+
+def compaction_service_name(workload: FlexWorkload) -> str:
+    """Headless Service resolving to every pod of ``workload`` (the tuner's fan-out target)."""
+    return f"{workload.name}-kv-compaction"
+
+
+def compaction_service_address(policy: PoolPolicy, workload: FlexWorkload) -> str:
+    """``HOST:PORT`` the tuner posts compaction requests to (``--compaction-service``)."""
+    host = f"{compaction_service_name(workload)}.{policy.cluster.flex_namespace}.svc"
+    return f"{host}:{policy.kv_cache.compaction_worker_port}"
 
 
 def vllm_plugin_env() -> list[dict[str, str]]:
@@ -105,9 +120,10 @@ def plugin_installer(policy: PoolPolicy) -> dict[str, Any]:
     }
 
 
-def compaction_volumes(workload: FlexWorkload) -> list[dict[str, Any]]:
+def compaction_volumes(policy: PoolPolicy, workload: FlexWorkload) -> list[dict[str, Any]]:
     """Pod volumes: the socket directory (memory), the token Secret, the policy ConfigMap,
-    the plugin tree (filled by ``plugin_installer``)."""
+    the plugin tree (filled by ``plugin_installer``), the shared compaction token (optional:
+    without it the sidecar takes compaction requests with its own token only)."""
     return [
         {"name": CONTROL_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {
@@ -116,6 +132,14 @@ def compaction_volumes(workload: FlexWorkload) -> list[dict[str, Any]]:
         },
         {"name": POLICY_VOLUME, "configMap": {"name": POLICY_CONFIGMAP}},
         {"name": PLUGIN_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
+        {
+            "name": COMPACTION_TOKEN_VOLUME,
+            "secret": {
+                "secretName": policy.tuner.compaction_token_secret,
+                "defaultMode": 0o400,
+                "optional": True,
+            },
+        },
     ]
 
 
@@ -137,6 +161,10 @@ def compaction_sidecar(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, 
             TOKEN_PATH,
             "--listen",
             f"0.0.0.0:{kv.compaction_worker_port}",
+            "--workload",
+            workload.name,
+            "--compaction-token-file",
+            f"{COMPACTION_TOKEN_DIR}/{policy.tuner.compaction_token_key}",
         ],
         "ports": [
             {"name": METRICS_PORT, "containerPort": kv.compaction_worker_port, "protocol": "TCP"}
@@ -151,6 +179,7 @@ def compaction_sidecar(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, 
         "volumeMounts": [
             *control_mounts(),
             {"name": POLICY_VOLUME, "mountPath": POLICY_DIR, "readOnly": True},
+            {"name": COMPACTION_TOKEN_VOLUME, "mountPath": COMPACTION_TOKEN_DIR, "readOnly": True},
         ],
         "resources": {
             "requests": {"cpu": "50m", "memory": "96Mi"},

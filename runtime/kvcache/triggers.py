@@ -6,7 +6,13 @@ Triggers (thresholds from the policy):
     while the pool is shrunk -> grow back to full size (the cache needs the room);
   * KV usage below ``kv_cache.compaction_usage_below`` and no compaction for
     ``kv_cache.compaction_min_interval`` -> compact and shrink so occupied blocks fill
-    ``kv_cache.shrink_target_usage`` of the pool (compact only when that would not shrink).
+    ``kv_cache.shrink_target_usage`` of the pool (compact only when that would not shrink);
+  * explicit compaction request (the tuner's low-hit-rate, low-usage rule) -> the same compact
+    and shrink without the usage threshold (the tuner saw low usage over its windows), but
+    still after the grow rule and still at most once per ``kv_cache.compaction_min_interval``
+    (a deferred request is dropped, not kept: the tuner asks again while the condition holds).
+    Saturation is the plugin's rule: it defers a compaction at or above
+    ``kv_cache.page_table_max_usage`` (``limits.CompactionLimits``).
 Fail closed: without a usable sample nothing is done.
 """
 
@@ -79,6 +85,7 @@ def decide(
     hit_rate_min: float,
     last_compaction_at_s: float | None,
     shrink_request: int | None = None,
+    compaction_request: bool = False,
 ) -> Decision:
     """The next action for one instance (see the module docstring for the rules)."""
     if current is None or pool is None:
@@ -92,13 +99,17 @@ def decide(
             f"prefix hit rate {rate:.2f} < {hit_rate_min:.2f} on a shrunk pool",
             pool.original_blocks,
         )
-    if current.usage >= kv.compaction_usage_below:
+    if not compaction_request and current.usage >= kv.compaction_usage_below:
         return Decision("none", f"KV usage {current.usage:.2f} >= {kv.compaction_usage_below:.2f}")
     interval = duration_seconds(kv.compaction_min_interval)
     if last_compaction_at_s is not None and current.at_s - last_compaction_at_s < interval:
         return Decision("none", f"last compaction less than {kv.compaction_min_interval} ago")
     target = shrink_target(pool.occupied_blocks, kv.shrink_target_usage)
-    reason = f"KV usage {current.usage:.2f} < {kv.compaction_usage_below:.2f}"
+    reason = (
+        "compaction requested by the tuner"
+        if compaction_request
+        else f"KV usage {current.usage:.2f} < {kv.compaction_usage_below:.2f}"
+    )
     if target < pool.usable_blocks:
         return Decision("shrink", reason, target)
     return Decision("compact", reason)

@@ -3,7 +3,9 @@
 Edges only: HTTP scrape of vLLM's ``/metrics``, the plugin's control socket, and a small HTTP
 server for Prometheus (``GET /metrics``: the sidecar's and the plugin's metrics) and for
 shrink requests from the tuner or an alert webhook (``POST /shrink`` with
-``{"num_blocks": N}`` and ``Authorization: Bearer <token>``). Decisions are ``triggers.decide``.
+``{"num_blocks": N}`` and ``Authorization: Bearer <token>``), and for the tuner's compaction
+requests (``POST /compaction-requests``, the body of ``compaction_request``, same bearer auth;
+the shared compaction token is accepted there too). Decisions are ``triggers.decide``.
 Each poll first looks at the policy file (``policy_file.PolicyFile``): a new valid version
 is used from that poll's decision on; an invalid one is logged once and the last good policy
 stays in use.
@@ -25,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_
 from prometheus_client.parser import text_string_to_metric_families
 
 from policy import PoolPolicy
+from runtime.kvcache.compaction_request import CompactionOrder, RequestRejected, parse_request
 from runtime.kvcache.control import ControlClient, ControlError
 from runtime.kvcache.limits import CompactionLimits
 from runtime.kvcache.policy_file import PolicyFile
@@ -62,7 +65,8 @@ def scrape(url: str, timeout_s: float = 5.0) -> InstanceSample | None:
 @dataclass
 class CompactionWorker:
     """State of one sidecar: the policy in use, the last sample, the last compaction, a
-    pending shrink request. Without ``policy_file`` the policy never changes."""
+    pending shrink request and a pending compaction order. Without ``policy_file`` the policy
+    never changes; without ``workload`` compaction requests are refused."""
 
     policy: PoolPolicy
     metrics_url: str
@@ -72,6 +76,8 @@ class CompactionWorker:
     previous: InstanceSample | None = None
     last_compaction_at_s: float | None = None
     shrink_request: int | None = None
+    workload: str | None = None
+    compaction_order: CompactionOrder | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -136,6 +142,17 @@ class CompactionWorker:
         with self._lock:
             self.shrink_request = num_blocks
 
+    def request_compaction(self, body: bytes) -> CompactionOrder:
+        """Validate the tuner's request and queue it for the next poll (a newer one replaces
+        an unexecuted one); raises ``RequestRejected``."""
+        if self.workload is None:
+            raise RequestRejected(503, "this sidecar was started without --workload")
+        order = parse_request(body, self.workload)
+        with self._lock:
+            self.compaction_order = order
+        log.info("compaction request %s queued: %s", order.id, order.reason)
+        return order
+
     def poll(self) -> tuple[Decision, dict[str, Any] | None]:
         """Re-read the policy, read metrics and pool, decide, act; returns the decision and
         the plugin's reply."""
@@ -151,6 +168,7 @@ class CompactionWorker:
             pool = None
         with self._lock:
             request, self.shrink_request = self.shrink_request, None
+            order, self.compaction_order = self.compaction_order, None
         decision = decide(
             previous=self.previous,
             current=current,
@@ -159,7 +177,10 @@ class CompactionWorker:
             hit_rate_min=policy.alerting.thresholds.kv_hit_rate.min,
             last_compaction_at_s=self.last_compaction_at_s,
             shrink_request=request,
+            compaction_request=order is not None,
         )
+        if order is not None:
+            log.info("compaction request %s: %s (%s)", order.id, decision.action, decision.reason)
         if current is None or pool is None:
             self.errors.inc()
         self.previous = current or self.previous
@@ -194,8 +215,11 @@ class CompactionWorker:
             return text
 
 
-def serve_http(worker: CompactionWorker, host: str, port: int, token: str) -> ThreadingHTTPServer:
-    """Start the sidecar's HTTP server in a daemon thread (``GET /metrics``, ``POST /shrink``)."""
+def serve_http(
+    worker: CompactionWorker, host: str, port: int, token: str, compaction_token: str | None = None
+) -> ThreadingHTTPServer:
+    """Start the sidecar's HTTP server in a daemon thread (``GET /metrics``, ``POST /shrink``,
+    ``POST /compaction-requests``); ``compaction_token`` is also accepted on the last."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -205,20 +229,35 @@ def serve_http(worker: CompactionWorker, host: str, port: int, token: str) -> Th
             self._reply(200, worker.exposition(), "text/plain; version=0.0.4")
 
         def do_POST(self) -> None:
-            supplied = self.headers.get("Authorization", "").removeprefix("Bearer ")
-            if self.path != "/shrink":
+            supplied = self.headers.get("Authorization", "").removeprefix("Bearer ").encode()
+            accepted = [token]
+            if self.path == "/compaction-requests" and compaction_token:
+                accepted.append(compaction_token)
+            if self.path not in ("/shrink", "/compaction-requests"):
                 self._reply(404, b"not found\n")
-            elif not hmac.compare_digest(supplied.encode(), token.encode()):
+            elif not any(hmac.compare_digest(supplied, t.encode()) for t in accepted):
                 self._reply(401, b"unauthorized\n")
+            elif self.path == "/compaction-requests":
+                self._compaction_request()
             else:
-                length = int(self.headers.get("Content-Length", "0"))
                 try:
-                    num_blocks = int(json.loads(self.rfile.read(length))["num_blocks"])
+                    num_blocks = int(json.loads(self._body())["num_blocks"])
                 except (ValueError, KeyError, TypeError):
                     self._reply(400, b'expected JSON {"num_blocks": N}\n')
                     return
                 worker.request_shrink(num_blocks)
                 self._reply(202, b"queued\n")
+
+        def _compaction_request(self) -> None:
+            try:
+                order = worker.request_compaction(self._body())
+            except RequestRejected as exc:
+                self._reply(exc.status, f"{exc}\n".encode())
+                return
+            self._reply(202, f"queued {order.id}\n".encode())
+
+        def _body(self) -> bytes:
+            return self.rfile.read(int(self.headers.get("Content-Length", "0")))
 
         def _reply(self, code: int, body: bytes, kind: str = "text/plain") -> None:
             self.send_response(code)

@@ -11,26 +11,42 @@ Interface (the worker implements the receiving side): ``POST <compaction-url>`` 
 
 The worker answers 2xx when it accepted (or already holds) the request id; compaction
 itself runs asynchronously. Without a URL the request is only logged and counted.
+
+In the cluster the target is each flex workload's headless Service (``--compaction-service
+HOST:PORT``): ``fan_out`` resolves the name to every pod address and posts
+``/compaction-requests`` to each with the shared compaction token, so the tuner needs no
+Kubernetes API access. A name that resolves to nothing is a reported failure, not an error.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import urllib.request
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from policy import PoolPolicy
+from runtime.kvcache.compaction_request import KIND, VERSION
 from runtime.tuner.decisions import CompactionRequest
+
+TOKEN_ENV = "GPUPOOL_COMPACTION_TOKEN"
+"""Environment variable holding the shared compaction token (``tuner.compaction_token_secret``)."""
+REQUEST_PATH = "/compaction-requests"
+"""Path of the sidecar endpoint (``runtime.kvcache.worker.serve_http``)."""
+
+Resolver = Callable[[str, int], list[str]]
+"""``(host, port) -> addresses``; ``resolve`` in production, a fixed list in tests."""
 
 
 def compaction_payload(
     request: CompactionRequest, *, policy: PoolPolicy, at: float
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "kind": "gpupool.compaction-request",
-        "version": 1,
+        "kind": KIND,
+        "version": VERSION,
         "requested_at": at,
         "namespace": policy.cluster.flex_namespace,
         "workloads": [w.name for w in policy.workloads],
@@ -43,13 +59,62 @@ def compaction_payload(
     return body
 
 
-def deliver(url: str, payload: dict[str, Any], *, timeout_s: float = 10) -> None:
+def deliver(
+    url: str, payload: dict[str, Any], *, token: str | None = None, timeout_s: float = 10
+) -> None:
     """POST the request; raises ``OSError`` (``urllib.error.URLError``) when not accepted."""
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(
-        url,
-        data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
+        url, data=json.dumps(payload).encode(), headers=headers, method="POST"
     )
     with urllib.request.urlopen(request, timeout=timeout_s):
         pass
+
+
+def resolve(host: str, port: int) -> list[str]:
+    """Every address ``host`` resolves to (a headless Service: one per ready pod); [] if none."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return []
+    return sorted({str(info[4][0]) for info in infos})
+
+
+@dataclass(frozen=True)
+class FanOutReport:
+    """What one service's pods answered."""
+
+    service: str
+    accepted: tuple[str, ...]
+    """Addresses that accepted the request."""
+    failed: tuple[tuple[str, str], ...]
+    """``(address or service, why)`` for each refusal, unreachable pod or empty name."""
+
+
+def fan_out(
+    service: str,
+    payload: dict[str, Any],
+    *,
+    token: str | None,
+    resolver: Resolver = resolve,
+    timeout_s: float = 10,
+) -> FanOutReport:
+    """Post ``payload`` to every address of ``service`` (``HOST:PORT``), one by one."""
+    host, _, port = service.rpartition(":")
+    addresses = resolver(host, int(port))
+    if not addresses:
+        return FanOutReport(service, (), ((service, "resolves to no address"),))
+    accepted: list[str] = []
+    failed: list[tuple[str, str]] = []
+    for address in addresses:
+        literal = f"[{address}]" if ":" in address else address
+        try:
+            deliver(
+                f"http://{literal}:{port}{REQUEST_PATH}", payload, token=token, timeout_s=timeout_s
+            )
+            accepted.append(address)
+        except OSError as exc:
+            failed.append((address, str(exc)))
+    return FanOutReport(service, tuple(accepted), tuple(failed))

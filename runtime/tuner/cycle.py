@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from prometheus_api_client import PrometheusConnect
 from ruamel.yaml import YAML
@@ -106,9 +108,15 @@ def run_cycle(
     trigger: str = "timer",
     dry_run: bool = False,
     compaction_url: str | None = None,
+    compaction_services: Sequence[str] = (),
+    compaction_token: str | None = None,
     forge_options: ForgeOptions | None = None,
 ) -> CycleReport:
-    """Read, decide, propose. Dry runs write nothing (no branch, state or request)."""
+    """Read, decide, propose. Dry runs write nothing (no branch, state or request).
+
+    A compaction request goes to ``compaction_url`` and to every pod behind each of
+    ``compaction_services``; its outcome is ``delivered`` when every target accepted,
+    ``partial`` when some did, ``failed`` when none did, ``logged`` without targets."""
     at = time.time() if at is None else at
     metrics.cycles.labels(trigger).inc()
     state_path = target.tuner_dir / "state.json"
@@ -135,17 +143,14 @@ def run_cycle(
     if decision.compaction is not None:
         payload = compaction.compaction_payload(decision.compaction, policy=policy, at=at)
         outcome = "dry_run" if dry_run else "logged"
-        if compaction_url and not dry_run:
-            try:
-                compaction.deliver(compaction_url, payload)
-                outcome = "delivered"
-            except OSError as exc:
-                log.warning("compaction request %s not delivered: %s", payload["id"], exc)
-                outcome = "failed"
+        if (compaction_url or compaction_services) and not dry_run:
+            outcome = _send_compaction(
+                payload, compaction_url, compaction_services, compaction_token
+            )
         log.info("compaction request %s %s: %s", payload["id"], outcome, payload["reason"])
         metrics.compaction_requests.labels(outcome).inc()
         report = replace(report, compaction_outcome=outcome)
-        if outcome in ("delivered", "logged"):
+        if outcome in ("delivered", "partial", "logged"):
             state = replace(state, last_compaction_at=at)
 
     proposal = decision.proposal
@@ -216,6 +221,35 @@ def _base_commit(target: Target, *, timeout_s: float) -> str:
             except gitrepo.GitError as exc:
                 raise _FetchFailed(str(exc)) from None
     return gitrepo.resolve(target.repo, target.base)
+
+
+def _send_compaction(
+    payload: dict[str, Any], url: str | None, services: Sequence[str], token: str | None
+) -> str:
+    """Deliver to the URL and fan out to the services; the outcome label (see ``run_cycle``)."""
+    accepted = failed = 0
+    if url:
+        try:
+            compaction.deliver(url, payload, token=token)
+            accepted += 1
+        except OSError as exc:
+            log.warning("compaction request %s not delivered to %s: %s", payload["id"], url, exc)
+            failed += 1
+    for service in services:
+        fanned = compaction.fan_out(service, payload, token=token)
+        accepted += len(fanned.accepted)
+        failed += len(fanned.failed)
+        log.info(
+            "compaction request %s: %s: %d pod(s) accepted",
+            payload["id"],
+            service,
+            len(fanned.accepted),
+        )
+        for where, why in fanned.failed:
+            log.warning("compaction request %s not delivered to %s: %s", payload["id"], where, why)
+    if failed == 0:
+        return "delivered"
+    return "partial" if accepted else "failed"
 
 
 def _record_noops(decision: CycleDecision, metrics: TunerMetrics) -> None:

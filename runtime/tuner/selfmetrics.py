@@ -43,7 +43,7 @@ class TunerMetrics:
             ),
             compaction_requests=Counter(
                 "gpupool_tuner_compaction_requests",
-                "Compaction requests, by outcome (delivered, failed, logged).",
+                "Compaction requests, by outcome (delivered, partial, failed, logged, dry_run).",
                 ["outcome"],
                 registry=r,
             ),

@@ -118,6 +118,9 @@ def test_every_flex_pod_runs_the_sidecar_and_loads_the_plugin() -> None:
             "--socket": SOCKET_PATH,
             "--token-file": _env(_container(pod, "vllm"))[TOKEN_FILE_ENV],
             "--listen": f"0.0.0.0:{kv.compaction_worker_port}",
+            "--workload": workload.name,
+            "--compaction-token-file": f"/etc/gpupool/compaction-token/"
+            f"{policy.tuner.compaction_token_key}",
         }
         (port,) = sidecar["ports"]
         assert (port["name"], port["containerPort"]) == ("kv-metrics", kv.compaction_worker_port)
@@ -128,7 +131,7 @@ def test_every_flex_pod_runs_the_sidecar_and_loads_the_plugin() -> None:
         # volumes: every compaction volume declared once; every mount names a declared volume
         names = [v["name"] for v in pod["volumes"]]
         assert len(names) == len(set(names))
-        for volume in compaction_volumes(workload):
+        for volume in compaction_volumes(policy, workload):
             assert volume in pod["volumes"]
         secret = next(v for v in pod["volumes"] if "secret" in v)["secret"]
         assert secret["secretName"] == token_secret_name(workload) == f"{workload.name}-kv-token"
@@ -209,7 +212,7 @@ def test_switch_off_removes_sidecar_plugin_and_policy_copy() -> None:
     pod = _pod(objs, policy.workloads[0].name)
     assert [c["name"] for c in pod["containers"]] == ["vllm"]
     assert "initContainers" not in pod
-    compaction_names = {v["name"] for v in compaction_volumes(policy.workloads[0])}
+    compaction_names = {v["name"] for v in compaction_volumes(policy, policy.workloads[0])}
     assert not compaction_names & {v["name"] for v in pod["volumes"]}
     (vllm,) = pod["containers"]
     assert not PLUGIN_ENV & set(_env(vllm))

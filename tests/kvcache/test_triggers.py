@@ -125,7 +125,7 @@ def test_sidecar_spec_is_a_valid_container_in_a_flex_pod() -> None:
                 },
                 sidecar,
             ],
-            "volumes": compaction_volumes(workload),
+            "volumes": compaction_volumes(policy, workload),
         },
     }
     kubernetes_validate.validate(pod, "1.30.0", strict=True)
