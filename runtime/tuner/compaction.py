@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import socket
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from runtime.tuner.decisions import CompactionRequest
 
 TOKEN_ENV = "GPUPOOL_COMPACTION_TOKEN"
 """Environment variable holding the shared compaction token (``tuner.compaction_token_secret``)."""
+log = logging.getLogger(__name__)
 REQUEST_PATH = "/compaction-requests"
 """Path of the sidecar endpoint (``runtime.kvcache.worker.serve_http``)."""
 
@@ -118,3 +120,33 @@ def fan_out(
         except OSError as exc:
             failed.append((address, str(exc)))
     return FanOutReport(service, tuple(accepted), tuple(failed))
+
+
+def send(
+    payload: dict[str, Any], url: str | None, services: Sequence[str], token: str | None
+) -> str:
+    """Deliver to ``url`` and fan out to ``services``; the outcome: ``delivered`` (every target
+    accepted), ``partial`` (some did) or ``failed`` (none did). Failures are logged."""
+    accepted = failed = 0
+    if url:
+        try:
+            deliver(url, payload, token=token)
+            accepted += 1
+        except OSError as exc:
+            log.warning("compaction request %s not delivered to %s: %s", payload["id"], url, exc)
+            failed += 1
+    for service in services:
+        fanned = fan_out(service, payload, token=token)
+        accepted += len(fanned.accepted)
+        failed += len(fanned.failed)
+        log.info(
+            "compaction request %s: %s: %d pod(s) accepted",
+            payload["id"],
+            service,
+            len(fanned.accepted),
+        )
+        for where, why in fanned.failed:
+            log.warning("compaction request %s not delivered to %s: %s", payload["id"], where, why)
+    if failed == 0:
+        return "delivered"
+    return "partial" if accepted else "failed"

@@ -8,7 +8,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from prometheus_api_client import PrometheusConnect
 from ruamel.yaml import YAML
@@ -144,7 +143,7 @@ def run_cycle(
         payload = compaction.compaction_payload(decision.compaction, policy=policy, at=at)
         outcome = "dry_run" if dry_run else "logged"
         if (compaction_url or compaction_services) and not dry_run:
-            outcome = _send_compaction(
+            outcome = compaction.send(
                 payload, compaction_url, compaction_services, compaction_token
             )
         log.info("compaction request %s %s: %s", payload["id"], outcome, payload["reason"])
@@ -221,35 +220,6 @@ def _base_commit(target: Target, *, timeout_s: float) -> str:
             except gitrepo.GitError as exc:
                 raise _FetchFailed(str(exc)) from None
     return gitrepo.resolve(target.repo, target.base)
-
-
-def _send_compaction(
-    payload: dict[str, Any], url: str | None, services: Sequence[str], token: str | None
-) -> str:
-    """Deliver to the URL and fan out to the services; the outcome label (see ``run_cycle``)."""
-    accepted = failed = 0
-    if url:
-        try:
-            compaction.deliver(url, payload, token=token)
-            accepted += 1
-        except OSError as exc:
-            log.warning("compaction request %s not delivered to %s: %s", payload["id"], url, exc)
-            failed += 1
-    for service in services:
-        fanned = compaction.fan_out(service, payload, token=token)
-        accepted += len(fanned.accepted)
-        failed += len(fanned.failed)
-        log.info(
-            "compaction request %s: %s: %d pod(s) accepted",
-            payload["id"],
-            service,
-            len(fanned.accepted),
-        )
-        for where, why in fanned.failed:
-            log.warning("compaction request %s not delivered to %s: %s", payload["id"], where, why)
-    if failed == 0:
-        return "delivered"
-    return "partial" if accepted else "failed"
 
 
 def _record_noops(decision: CycleDecision, metrics: TunerMetrics) -> None:
