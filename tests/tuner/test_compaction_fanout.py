@@ -12,8 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from policy import DEFAULT_POLICY, load_policy
+from runtime.cli.app import app
 from runtime.kvcache.control import ControlClient
 from runtime.kvcache.worker import CompactionWorker, serve_http
 from runtime.tuner import compaction
@@ -101,3 +103,10 @@ def test_outcome_is_partial_when_some_targets_failed(
     assert compaction.send(PAYLOAD, None, [reachable], TOKEN) == "delivered"
     assert compaction.send(PAYLOAD, None, [reachable, "nothing.invalid:1"], TOKEN) == "partial"
     assert compaction.send(PAYLOAD, None, ["nothing.invalid:1"], TOKEN) == "failed"
+
+
+def test_cli_refuses_a_service_without_a_port(tmp_path: Path) -> None:
+    args = ["tune", "--prometheus", "http://127.0.0.1:1", "--repo", str(tmp_path), "--once"]
+    result = CliRunner().invoke(app, [*args, "--compaction-service", "nohostport"])
+    assert result.exit_code == 1
+    assert "--compaction-service: expected HOST:PORT, found 'nohostport'" in result.output
