@@ -79,6 +79,10 @@ class PoolPolicy(StrictModel):
         """The elastic pools flex workloads may use."""
         return [p for p in self.node_pools if p.role == "flex"]
 
+    def pool_of(self, workload: FlexWorkload) -> NodePool:
+        """The flex pool ``workload`` runs on (validation ensures it exists and is flex)."""
+        return next(p for p in self.flex_pools if p.name == workload.pool)
+
     @model_validator(mode="after")
     def _consistent(self) -> PoolPolicy:
         found = Invariants()

@@ -114,7 +114,7 @@ def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[s
     every sync. With ``workload.kv_compaction`` the pod also gets the plugin's initContainer,
     the compaction sidecar and their volumes (``runtime.kvcache.sidecar``).
     """
-    pool = next(p for p in policy.node_pools if p.name == workload.pool)
+    pool = policy.pool_of(workload)
     selector = selector_labels(workload.name)
     tolerations: list[Manifest] = [
         {"key": GPU_RESOURCE, "operator": "Exists", "effect": TAINT_EFFECT},

@@ -145,7 +145,7 @@ class _Builder:
         Missing data yields no series (the HPA then holds), never more flex load.
         """
         elastic, g = self.policy.elastic, workload.gpus_per_replica
-        pool = next(p for p in self.policy.flex_pools if p.name == workload.pool)
+        pool = self.policy.pool_of(workload)
         sharing = sum(1 for w in self.policy.workloads if w.pool == workload.pool)
         cluster = self.cluster_utilization()
         held = (

@@ -315,7 +315,7 @@ def idle_flex_demand(
         )
     changes = []
     for i, workload in enumerate(policy.workloads):
-        capacity = sum(p.gpu_capacity for p in policy.flex_pools if p.name == workload.pool)
+        capacity = policy.pool_of(workload).gpu_capacity
         bound = capacity // workload.gpus_per_replica
         after = min(workload.max_replicas + settings.flex_replicas_step, bound)
         if after > workload.max_replicas:

@@ -215,7 +215,7 @@ def plan_kv_cache(
     """
     kv = policy.kv_cache
     tp = tensor_parallel or workload.gpus_per_replica
-    pool = next(p for p in policy.node_pools if p.name == workload.pool)
+    pool = policy.pool_of(workload)
     gpu_bytes = gpu_memory_bytes or int(pool.gpu_memory_gib * GIB)
     rule = block_rule(backend or workload.attention_backend, model.mla is not None)
     kv_dtype = model.dtype if kv.cache_dtype == "auto" else kv.cache_dtype

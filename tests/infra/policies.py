@@ -8,17 +8,9 @@ from typing import Any
 from ruamel.yaml import YAML
 
 from policy import DEFAULT_POLICY, PoolPolicy, parse_policy
+from tests.harness.policy_docs import set_path
 
 BASE: Any = YAML(typ="safe").load(DEFAULT_POLICY.read_text())
-
-
-def set_path(doc: Any, path: str, value: Any) -> None:
-    """Set ``doc`` at a dotted path (``"workloads.0.pool"``); list indices are digits."""
-    *parents, last = path.split(".")
-    node = doc
-    for part in parents:
-        node = node[int(part)] if part.isdigit() else node[part]
-    node[int(last) if last.isdigit() else last] = value
 
 
 def edited(edits: dict[str, Any] | None = None) -> Any:

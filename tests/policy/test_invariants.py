@@ -10,7 +10,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from policy import DEFAULT_POLICY, PolicyError, load_policy
-from tests.infra.policies import set_path
+from tests.harness.policy_docs import set_path
 
 yaml = YAML(typ="rt")
 
