@@ -6,11 +6,13 @@ import typer
 
 from runtime.cli import (
     alerts_commands,
+    forge_commands,
     infra_commands,
     kvcache_commands,
     policy_commands,
     tuner_commands,
     vllm_commands,
+    whatif_commands,
 )
 
 app = typer.Typer(
@@ -26,6 +28,8 @@ vllm_commands.register(app)
 alerts_commands.register(app)
 tuner_commands.register(app)
 kvcache_commands.register(app)
+forge_commands.register(app)
+whatif_commands.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,308 @@
+"""``whatif``: replay traces through the closed loop under a policy, or two refs of it."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from rich.console import Console
+from rich.progress import Progress as RichProgress
+from rich.table import Table
+
+from policy import DEFAULT_POLICY, load_policy
+from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.sim import markdown, output
+from runtime.sim.engine import ProductionRule, Settings
+from runtime.sim.gitrefs import RefError, policy_at
+from runtime.sim.service_time import ServiceTimeError
+from runtime.sim.traces import (
+    FlexTrace,
+    ProductionTrace,
+    TraceError,
+    bundled,
+    diurnal,
+    load_flex_trace,
+    load_production_trace,
+)
+from runtime.sim.whatif import Demand, LayoutMode, Result, WhatIf, WhatIfError, run
+from runtime.vllm import BackendError, KvPlanError, ModelConfigError
+
+console = Console(highlight=False)
+
+DOMAIN_ERRORS = (
+    TraceError,
+    WhatIfError,
+    ServiceTimeError,
+    RefError,
+    ModelConfigError,
+    KvPlanError,
+    BackendError,
+)
+LOCAL_POLICY = Path("policy/pool.yaml")
+
+
+@dataclass(frozen=True)
+class Options:
+    """The replay options shared by ``whatif`` and ``demo``."""
+
+    prod_trace: str | None
+    flex_traces: tuple[str, ...]
+    backlogs: tuple[str, ...]
+    rate_scale: float
+    hours: float | None
+    seed: int
+    layout: LayoutMode
+    fit_production: bool
+    production_rule: Literal["duty", "held"]
+    prod_target_utilization: float
+    startup_s: float
+    target: Literal["labels", "karpenter"]
+
+
+def default_policy() -> Path:
+    """``./policy/pool.yaml`` in a policy repository, else the embedded default."""
+    return LOCAL_POLICY if LOCAL_POLICY.is_file() else DEFAULT_POLICY
+
+
+def _production(spec: str | None, seed: int, peak: int) -> ProductionTrace:
+    if spec is None:
+        return load_production_trace(bundled("alibaba"))
+    if spec == "diurnal":
+        return diurnal(hours=24, peak_gpus=peak, trough_gpus=max(1, peak // 4), seed=seed)
+    return load_production_trace(Path(spec))
+
+
+def _flex(spec: str) -> FlexTrace:
+    if spec in ("azure-code", "mooncake"):
+        return load_flex_trace(bundled(spec))  # type: ignore[arg-type]
+    return load_flex_trace(Path(spec))
+
+
+def _split(value: str, default: str) -> tuple[str, str]:
+    workload, sep, path = value.partition("=")
+    return (workload, path) if sep and "/" not in workload else (default, value)
+
+
+def build_whatif(options: Options, policy_file: Path) -> WhatIf:
+    """Parse every trace before anything runs (bad input fails here, nothing written)."""
+    policy = load_policy(policy_file)
+    if not policy.workloads:
+        raise WhatIfError(f"{policy_file}: the policy declares no flex workloads")
+    first = policy.workloads[0].name
+    production = _production(options.prod_trace, options.seed, policy.prod_pool.gpu_capacity)
+    traces: dict[str, list[FlexTrace]] = {}
+    flex_specs = options.flex_traces
+    if not flex_specs and not options.backlogs:
+        flex_specs = ("azure-code", "mooncake")
+    for spec in flex_specs:
+        workload, path = _split(spec, first)
+        traces.setdefault(workload, []).append(_flex(path))
+    backlog: dict[str, FlexTrace] = {}
+    for spec in options.backlogs:
+        workload, path = _split(spec, first)
+        backlog[workload] = _flex(path)
+    demand = {
+        name: Demand(tuple(traces.get(name, ())), backlog.get(name), options.rate_scale)
+        for name in {*traces, *backlog}
+    }
+    hours = options.hours or min(24.0, production.duration_s / 3600)
+    rule = ProductionRule(
+        options.production_rule, options.prod_target_utilization, startup_s=options.startup_s
+    )
+    settings = Settings(
+        hours=hours, flex_startup_s=options.startup_s, production=rule, target=options.target
+    )
+    return WhatIf(production, demand, settings, options.layout, options.fit_production)
+
+
+def replay(policy_file: Path, options: Options, label: str) -> Result:
+    """Load the policy and the traces, then run both replays with a progress bar."""
+    whatif = build_whatif(options, policy_file)
+    policy = load_policy(policy_file)
+    with RichProgress(console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task(f"replaying {label}", total=whatif.settings.steps)
+        return run(
+            policy,
+            policy_file.parent,
+            whatif,
+            progress=lambda done, total: bar.update(task, completed=done),
+        )
+
+
+def print_summary(result: Result, title: str) -> None:
+    table = Table("", "pooled", "fixed topology", title=title, title_justify="left")
+    for row in markdown.rows(result.pooled, result.fixed):
+        table.add_row(*row)
+    console.print(table)
+    console.print(markdown.headline(result).replace("**", ""), markup=False)
+    for line in markdown.check_lines(result.pooled):
+        console.print(line, markup=False)
+
+
+def write_outputs(
+    result: Result, *, json_out: Path | None, plots: Path | None, markdown_out: Path | None
+) -> list[str]:
+    names: list[str] = []
+    if plots is not None:
+        names = [str(p) for p in output.write_plots(plots, result)]
+    if json_out is not None:
+        output.write_json(json_out, result)
+    if markdown_out is not None:
+        output.write_text(markdown_out, markdown.report(result, plots=names))
+    return names
+
+
+def whatif(
+    policy_file: Annotated[
+        Path | None,
+        typer.Option("--policy", help="Policy file (default ./policy/pool.yaml, else embedded)."),
+    ] = None,
+    base: Annotated[
+        str | None, typer.Option(help="Git ref of the policy before the change.")
+    ] = None,
+    head: Annotated[
+        str | None, typer.Option(help="Git ref of the policy after the change.")
+    ] = None,
+    repo: Annotated[Path, typer.Option(help="Policy repository for --base/--head.")] = Path("."),
+    policy_path: Annotated[
+        str, typer.Option(help="Policy file inside the repository.")
+    ] = "policy/pool.yaml",
+    prod_trace: Annotated[
+        str | None,
+        typer.Option(
+            help="Production trace: Alibaba duty-cycle CSV, timestamp,gpus_demanded CSV, or "
+            "'diurnal' (default: the bundled Alibaba sample)."
+        ),
+    ] = None,
+    flex_trace: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="[WORKLOAD=]FILE flex requests (Azure CSV or Mooncake JSONL; 'azure-code' and "
+            "'mooncake' name the bundled ones); repeatable. Default: both bundled traces."
+        ),
+    ] = None,
+    backlog: Annotated[
+        list[str] | None,
+        typer.Option(help="[WORKLOAD=]FILE batch work always available (lengths from FILE)."),
+    ] = None,
+    rate_scale: Annotated[
+        float, typer.Option(min=0.001, help="Multiply flex arrival rates.")
+    ] = 1.0,
+    hours: Annotated[
+        float | None, typer.Option(min=0.01, max=24 * 14, help="Replay length (default: trace).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the generated production trace.")] = 0,
+    layout: Annotated[
+        str, typer.Option(help="policy: the pools as declared; trace: sized to the trace.")
+    ] = "policy",
+    fit_production: Annotated[
+        bool, typer.Option(help="Scale a production trace larger than the cluster to fit it.")
+    ] = False,
+    production_rule: Annotated[
+        str, typer.Option(help="duty: replicas follow busy GPU-equivalents; held: trace's GPUs.")
+    ] = "duty",
+    prod_target_utilization: Annotated[
+        float, typer.Option(min=0.05, max=1.0, help="Duty rule: target duty per replica.")
+    ] = 0.6,
+    startup_s: Annotated[
+        float, typer.Option(min=0, help="Pod start-up: image pull + model load, seconds.")
+    ] = 300.0,
+    target: Annotated[str, typer.Option(help="Node-pool target: labels or karpenter.")] = "labels",
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the result as JSON.")
+    ] = None,
+    plots: Annotated[Path | None, typer.Option(help="Folder for the PNG plots.")] = None,
+    markdown_out: Annotated[
+        Path | None, typer.Option("--markdown", help="Write the report (or PR comment) here.")
+    ] = None,
+) -> None:
+    """Replay production and flex traces through the closed loop; compare with fixed GPUs."""
+    with reported_errors(), _domain_errors():
+        options = Options(
+            prod_trace,
+            tuple(flex_trace or ()),
+            tuple(backlog or ()),
+            rate_scale,
+            hours,
+            seed,
+            _choice("--layout", layout, ("policy", "trace")),  # type: ignore[arg-type]
+            fit_production,
+            _choice("--production-rule", production_rule, ("duty", "held")),  # type: ignore[arg-type]
+            prod_target_utilization,
+            startup_s,
+            _choice("--target", target, ("labels", "karpenter")),  # type: ignore[arg-type]
+        )
+        if (base is None) != (head is None):
+            raise UsageProblem("--base and --head go together")
+        if base is not None and head is not None:
+            if policy_file is not None:
+                raise UsageProblem("use either --policy or --base/--head")
+            _compare(repo, policy_path, base, head, options, json_out, plots, markdown_out)
+            return
+        file = policy_file or default_policy()
+        console.print(f"policy: {file}", markup=False)
+        result = replay(file, options, str(file))
+        names = write_outputs(result, json_out=json_out, plots=plots, markdown_out=markdown_out)
+    print_summary(result, f"What-if: {file}, {result.pooled.hours:g} h")
+    for name in names:
+        console.print(f"plot: {name}", markup=False)
+
+
+def _compare(
+    repo: Path,
+    policy_path: str,
+    base: str,
+    head: str,
+    options: Options,
+    json_out: Path | None,
+    plots: Path | None,
+    markdown_out: Path | None,
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="gpupool-whatif-") as tmp:
+        results = {}
+        for name, ref in (("base", base), ("head", head)):
+            file = policy_at(repo, ref, policy_path, Path(tmp) / name)
+            results[name] = replay(file, options, f"{name} {ref}")
+    names: list[str] = []
+    if plots is not None:
+        names = [str(p) for p in output.write_plots(plots, results["head"], prefix="head-")]
+        output.write_plots(plots, results["base"], prefix="base-")
+    text = markdown.comparison(
+        results["base"], results["head"], base_ref=base, head_ref=head, plots=names
+    )
+    if json_out is not None:
+        output.write_text(
+            json_out,
+            json.dumps(
+                {k: output.as_json(v) for k, v in results.items()}, indent=1, sort_keys=True
+            ),
+        )
+    if markdown_out is not None:
+        output.write_text(markdown_out, text)
+    print_summary(results["base"], f"base {base}")
+    print_summary(results["head"], f"head {head}")
+
+
+def _choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise UsageProblem(f"{option} must be one of {', '.join(allowed)}, not {value!r}")
+    return value
+
+
+@contextmanager
+def _domain_errors() -> Iterator[None]:
+    """Turn the replay's domain errors into one line (``UsageProblem``)."""
+    try:
+        yield
+    except DOMAIN_ERRORS as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(whatif)

@@ -1,0 +1,1 @@
+"""What-if engine: closed-loop replay of a GPU cluster under a policy."""

@@ -1,0 +1,536 @@
+"""The closed loop: production demand -> scheduler -> exporters -> budget -> HPA -> flex pods.
+
+Every ``step_s`` (the HPA's default 15 s sync period) the replay
+
+1. finishes pod start-ups and graceful terminations that are due, lets Karpenter act;
+2. sets production's replicas from the trace (``ProductionRule``) and each flex Deployment's
+   replicas from its HPA, creating and deleting pods the way the ReplicaSet controller does;
+3. schedules pending pods (``runtime.sim.cluster``: priority order, preemption, grace);
+4. serves production demand and each flex fleet's requests (``runtime.sim.serving``);
+5. every ``metrics.evaluation_interval`` writes what dcgm-exporter and kube-state-metrics
+   would report and evaluates the budget with the catalogue's semantics (``budget``);
+6. runs each flex HPA (``runtime.sim.hpa``, the controller's own algorithm) on the latest
+   recorded budget.
+
+The fixed-topology baseline (``replay_fixed``) serves the same demand on the same hardware
+with production keeping the most GPUs it ever holds in the trace and flex only on the rest.
+Both are pure functions of their inputs: same inputs, same result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from infra.builders.workload import autoscaler
+from policy.base import duration_seconds
+from policy.pool import PoolPolicy
+from policy.workloads import FlexWorkload
+from runtime.sim.budget import ExporterView, budget
+from runtime.sim.cluster import Cluster, Eviction, Node, Phase, Pod
+from runtime.sim.hpa import HpaSpec, HpaState, reconcile
+from runtime.sim.serving import Fleet, Requests, StepLatencies, StepResult
+from runtime.sim.traces import ProductionTrace
+
+PRODUCTION = "production"
+"""Owner name of the production pods."""
+
+
+@dataclass(frozen=True)
+class ProductionRule:
+    """How many production replicas the trace asks for (until production workloads exist
+    in the policy): ``duty`` = ceil(busy GPU-equivalents / target utilization), at least 1,
+    which assumes production replicas are interchangeable; ``held`` = the GPUs the trace's
+    instances hold (no consolidation: flex then gets only what production never holds)."""
+
+    mode: Literal["duty", "held"] = "duty"
+    target_utilization: float = 0.6
+    startup_s: float = 300.0
+    """Image pull + model load of a new production replica."""
+
+    def replicas(self, trace: ProductionTrace) -> NDArray[np.int64]:
+        if self.mode == "held":
+            return trace.held.astype(np.int64)
+        need = np.ceil(trace.busy / self.target_utilization - 1e-9)
+        return np.asarray(np.maximum(need, 1), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Replay knobs that are not policy: time, start-up, provisioning."""
+
+    hours: float
+    step_s: float = 15.0
+    flex_startup_s: float = 300.0
+    """Image pull + model load of a flex vLLM replica (``--startup-s``)."""
+    production: ProductionRule = ProductionRule()
+    target: Literal["labels", "karpenter"] = "labels"
+    karpenter_delay_s: float = 180.0
+    """Karpenter: from a pending pod to a ready GPU node."""
+    hpa_tolerance: float = 0.1
+
+    @property
+    def steps(self) -> int:
+        return round(self.hours * 3600 / self.step_s)
+
+
+@dataclass(frozen=True)
+class FlexInput:
+    """One flex workload's demand and the numbers its vLLM plan and service model give."""
+
+    workload: FlexWorkload
+    requests: Requests
+    kv_tokens: int
+    latencies: StepLatencies
+    backlog_window: int = 0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Nodes per pool and each workload's replica bound, for one replay."""
+
+    nodes: dict[str, int]
+    gpus_per_node: dict[str, int]
+    max_replicas: dict[str, int]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(self.nodes[p] * self.gpus_per_node[p] for p in self.nodes)
+
+    @classmethod
+    def of_policy(cls, policy: PoolPolicy) -> Layout:
+        return cls(
+            {p.name: p.max_nodes for p in policy.node_pools},
+            {p.name: p.gpus_per_node for p in policy.node_pools},
+            {w.name: w.max_replicas for w in policy.workloads},
+        )
+
+
+@dataclass
+class Series:
+    """Per-step time series of one replay (GPU counts, pods, tokens)."""
+
+    t: list[float] = field(default_factory=list)
+    prod_need: list[int] = field(default_factory=list)
+    prod_gpus: list[int] = field(default_factory=list)
+    prod_pending: list[int] = field(default_factory=list)
+    prod_busy_served: list[float] = field(default_factory=list)
+    prod_busy: list[float] = field(default_factory=list)
+    """Production's busy GPU-equivalents in the trace (what it wanted to serve)."""
+    flex_gpus: list[int] = field(default_factory=list)
+    flex_running_gpus: list[int] = field(default_factory=list)
+    flex_pending: list[int] = field(default_factory=list)
+    flex_duty: list[float] = field(default_factory=list)
+    free_gpus: list[int] = field(default_factory=list)
+    total_gpus: list[int] = field(default_factory=list)
+    evictions: list[int] = field(default_factory=list)
+    flex_tokens: list[int] = field(default_factory=list)
+    self_shed: list[int] = field(default_factory=list)
+    """Steps where a budget shed flex while production had no pending pod."""
+    budget_over_free: list[int] = field(default_factory=list)
+    """GPUs of budget beyond what the flex pool could place (held + unallocated)."""
+    util_by_pool: dict[str, list[float]] = field(default_factory=dict)
+    """Mean GPU duty cycle of each pool (what dcgm-exporter reports, averaged)."""
+    alloc_by_pool: dict[str, list[float]] = field(default_factory=dict)
+    """Share of each pool's GPUs requested by bound pods."""
+
+    def append(self, **values: float) -> None:
+        for name, value in values.items():
+            getattr(self, name).append(value)
+
+    def array(self, name: str) -> NDArray[np.float64]:
+        return np.asarray(getattr(self, name), dtype=np.float64)
+
+
+@dataclass
+class FleetTotals:
+    arrived: int = 0
+    completed: int = 0
+    dropped: int = 0
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: float = 0.0
+    query_tokens: int = 0
+    kv_tokens_lost: float = 0.0
+
+    @property
+    def outstanding(self) -> int:
+        return self.arrived - self.completed
+
+
+@dataclass
+class Replay:
+    """What one replay produced: the series and per-workload request accounting."""
+
+    name: str
+    step_s: float
+    series: Series
+    fleets: dict[str, FleetTotals]
+    prod_tokens_per_gpu_s: float
+
+
+Progress = Callable[[int, int], None]
+
+
+def replay_pooled(
+    policy: PoolPolicy,
+    layout: Layout,
+    trace: ProductionTrace,
+    flex: list[FlexInput],
+    settings: Settings,
+    *,
+    prod_tokens_per_gpu_s: float,
+    progress: Progress | None = None,
+) -> Replay:
+    """The policy's closed loop on ``layout`` (see the module docstring)."""
+    loop = _PooledLoop(policy, layout, trace, flex, settings)
+    steps = settings.steps
+    for step in range(steps):
+        loop.step(step)
+        if progress is not None:
+            progress(step + 1, steps)
+    return Replay("pooled", settings.step_s, loop.series, loop.close(), prod_tokens_per_gpu_s)
+
+
+def replay_fixed(
+    policy: PoolPolicy,
+    layout: Layout,
+    trace: ProductionTrace,
+    flex: list[FlexInput],
+    settings: Settings,
+    *,
+    prod_tokens_per_gpu_s: float,
+) -> Replay:
+    """The fixed topology on the same hardware and demand (the baseline of every claim).
+
+    Production keeps the most GPUs its instances hold at any time of the trace; flex runs a
+    fixed number of replicas on GPUs no production instance ever holds (at most each
+    workload's bound, workloads in policy order). Nothing is evicted and nothing waits.
+    """
+    total = layout.total_gpus
+    prod_gpus = int(trace.held.max())
+    spare = max(0, total - prod_gpus)
+    replicas: dict[str, int] = {}
+    for f in flex:
+        n = min(layout.max_replicas[f.workload.name], spare // f.workload.gpus_per_replica)
+        replicas[f.workload.name] = n
+        spare -= n * f.workload.gpus_per_replica
+    fleets = {f.workload.name: _fleet(policy, f) for f in flex}
+    totals = {name: FleetTotals() for name in fleets}
+    series = Series(
+        util_by_pool={"production": [], "flex": []}, alloc_by_pool={"production": [], "flex": []}
+    )
+    flex_gpus = sum(replicas[f.workload.name] * f.workload.gpus_per_replica for f in flex)
+    for step in range(settings.steps):
+        now = step * settings.step_s
+        _held, busy = trace.at(now)
+        tokens = 0
+        duty = 0.0
+        for f in flex:
+            name = f.workload.name
+            result = fleets[name].serve(now, settings.step_s, replicas[name])
+            _add(totals[name], result)
+            tokens += result.output_tokens
+            duty += result.busy * replicas[name] * f.workload.gpus_per_replica
+        series.append(
+            t=now,
+            prod_need=prod_gpus,
+            prod_gpus=prod_gpus,
+            prod_pending=0,
+            prod_busy_served=float(busy),
+            prod_busy=float(busy),
+            flex_gpus=flex_gpus,
+            flex_running_gpus=flex_gpus,
+            flex_pending=0,
+            flex_duty=duty / flex_gpus if flex_gpus else 0.0,
+            free_gpus=total - prod_gpus - flex_gpus,
+            total_gpus=total,
+            evictions=0,
+            flex_tokens=tokens,
+            self_shed=0,
+            budget_over_free=0,
+        )
+        series.util_by_pool["production"].append(float(busy) / prod_gpus if prod_gpus else 0.0)
+        series.util_by_pool["flex"].append(duty / flex_gpus if flex_gpus else 0.0)
+        series.alloc_by_pool["production"].append(prod_gpus / total if total else 0.0)
+        series.alloc_by_pool["flex"].append(flex_gpus / total if total else 0.0)
+    _close(fleets, totals, settings)
+    return Replay("fixed", settings.step_s, series, totals, prod_tokens_per_gpu_s)
+
+
+def _fleet(policy: PoolPolicy, f: FlexInput) -> Fleet:
+    return Fleet.admit(
+        f.requests,
+        max_model_len=f.workload.max_model_len,
+        latencies=f.latencies,
+        kv_tokens=f.kv_tokens,
+        max_num_seqs=f.workload.max_num_seqs,
+        # Only the filesystem tier (the snapshot volume) outlives the pod; host memory does not.
+        preservation=policy.kv_cache.kv_preservation == "filesystem",
+        backlog_window=f.backlog_window,
+    )
+
+
+def _add(t: FleetTotals, result: StepResult) -> None:
+    t.completed += result.completed
+    t.output_tokens += result.output_tokens
+    t.prompt_tokens += result.prompt_tokens
+    t.hit_tokens += result.hit_tokens
+    t.query_tokens += result.query_tokens
+
+
+def _close(fleets: dict[str, Fleet], totals: dict[str, FleetTotals], settings: Settings) -> None:
+    end = settings.steps * settings.step_s
+    for name, fleet in fleets.items():
+        totals[name].arrived = fleet.arrived(end)
+        totals[name].dropped = fleet.rejected(end)
+        totals[name].kv_tokens_lost = fleet.kv_tokens_lost
+
+
+def _consolidate_after(policy: PoolPolicy) -> float:
+    value = policy.flex_pools[0].karpenter.consolidate_after
+    return math.inf if value == "Never" else float(duration_seconds(value))
+
+
+class _PooledLoop:
+    """State of one pooled replay; ``step`` runs the six phases of the module docstring."""
+
+    def __init__(
+        self,
+        policy: PoolPolicy,
+        layout: Layout,
+        trace: ProductionTrace,
+        flex: list[FlexInput],
+        settings: Settings,
+    ) -> None:
+        self.policy, self.layout, self.trace, self.settings = policy, layout, trace, settings
+        karpenter = settings.target == "karpenter"
+        self.cluster = Cluster(
+            nodes={
+                pool: [
+                    Node(
+                        f"{pool}-{i}", pool, layout.gpus_per_node[pool], layout.gpus_per_node[pool]
+                    )
+                    for i in range(0 if karpenter else count)
+                ]
+                for pool, count in layout.nodes.items()
+            },
+            shutdown_s=policy.disruption.shutdown_budget_s,
+            pdb_min_available=policy.disruption.pdb_min_available,
+            karpenter_delay_s=settings.karpenter_delay_s if karpenter else None,
+            max_nodes=dict(layout.nodes),
+            gpus_per_node=dict(layout.gpus_per_node),
+            consolidate_after_s=_consolidate_after(policy),
+        )
+        self.workloads = {f.workload.name: f.workload for f in flex}
+        self.fleets = {f.workload.name: _fleet(policy, f) for f in flex}
+        self.totals = {name: FleetTotals() for name in self.fleets}
+        self.hpas = {
+            name: HpaSpec.from_manifest(
+                _with_max(autoscaler(policy, w), layout.max_replicas[name]),
+                tolerance=settings.hpa_tolerance,
+            )
+            for name, w in self.workloads.items()
+        }
+        self.hpa_state = {name: HpaState() for name in self.workloads}
+        self.spec = {name: w.min_replicas for name, w in self.workloads.items()}
+        self.budget: dict[str, float | None] = dict.fromkeys(self.workloads)
+        self.flex_util = dict.fromkeys(self.workloads, 0.0)
+        self.need = settings.production.replicas(trace)
+        self.eval_every = max(
+            1,
+            round(duration_seconds(policy.metrics.evaluation_interval) / settings.step_s),
+        )
+        self.prod_pools = (policy.prod_pool.name, *(p.name for p in policy.flex_pools))
+        self.series = Series()
+        for pool in layout.nodes:
+            self.series.util_by_pool[pool] = []
+            self.series.alloc_by_pool[pool] = []
+
+    def step(self, step: int) -> None:
+        now = step * self.settings.step_s
+        c, prio = self.cluster, self.policy.priorities
+        c.advance(now)
+        _held, busy = self.trace.at(now)
+        want = int(self.need[min(int(now // self.trace.step_s), self.need.size - 1)])
+        # The first step is the cluster as the trace finds it: production already running.
+        startup = 0.0 if step == 0 else self.settings.production.startup_s
+        self._replicas(
+            PRODUCTION,
+            want,
+            now,
+            lambda: c.create(
+                owner=PRODUCTION,
+                production=True,
+                gpus=1,
+                priority=prio.production.value,
+                may_preempt=prio.production.preemption_policy == "PreemptLowerPriority",
+                pools=self.prod_pools,
+                now=now,
+                startup_s=startup,
+            ),
+        )
+        running = {name: self._running(name) for name in self.workloads}
+        for name, w in self.workloads.items():
+            self._replicas(name, self.spec[name], now, self._flex_pod(w, now))
+        evictions = c.schedule(now)
+        for name in self.workloads:
+            lost = running[name] - self._running(name)
+            if lost > 0:
+                self.fleets[name].lose_replicas(lost, running[name], now)
+        prod_running = sum(1 for p in c.owned(PRODUCTION) if p.phase is Phase.RUNNING)
+        served = min(float(busy), float(prod_running))
+        prod_util = served / prod_running if prod_running else 0.0
+        tokens = 0
+        for name, fleet in self.fleets.items():
+            result = fleet.serve(now, self.settings.step_s, self._running(name))
+            self.flex_util[name] = result.busy
+            _add(self.totals[name], result)
+            tokens += result.output_tokens
+        util = _exporter_util(c, prod_util, self.flex_util)
+        if step % self.eval_every == 0:
+            view = ExporterView(util, dict(self.spec))
+            for name, w in self.workloads.items():
+                self.budget[name] = budget(self.policy, w, view)
+        prod_pending = sum(1 for p in c.by_phase[Phase.PENDING] if p.production)
+        self_shed = over = 0
+        for name, w in self.workloads.items():
+            b = self.budget[name]
+            if b is not None:
+                if b < self.spec[name] * w.gpus_per_replica and prod_pending == 0:
+                    self_shed += 1
+                over = max(over, int(b - self._placeable(name, w)))
+            self.spec[name] = reconcile(
+                self.hpas[name],
+                self.hpa_state[name],
+                now_s=now,
+                current_replicas=self.spec[name],
+                metric=b,
+            )
+        self.series.prod_busy.append(float(busy))
+        self._record(now, want, prod_pending, served, util, evictions, tokens, self_shed, over)
+
+    def _flex_pod(self, w: FlexWorkload, now: float) -> Callable[[], Pod]:
+        prio = self.policy.priorities.idle_inference
+        return lambda: self.cluster.create(
+            owner=w.name,
+            production=False,
+            gpus=w.gpus_per_replica,
+            priority=prio.value,
+            may_preempt=prio.preemption_policy == "PreemptLowerPriority",
+            pools=(w.pool,),
+            now=now,
+            startup_s=self.settings.flex_startup_s,
+        )
+
+    def _replicas(self, owner: str, want: int, now: float, make: Callable[[], Pod]) -> None:
+        """The ReplicaSet controller: create or delete pods until ``want`` are live."""
+        pods = self.cluster.owned(owner)
+        for _ in range(want - len(pods)):
+            make()
+        for pod in self.cluster.scale_down_order(pods)[: max(0, len(pods) - want)]:
+            before = self._running(owner)
+            self.cluster.terminate(pod, now)
+            if owner in self.fleets and pod.phase is Phase.TERMINATING:
+                self.fleets[owner].lose_replicas(before - self._running(owner), before, now)
+
+    def _running(self, owner: str) -> int:
+        return sum(1 for p in self.cluster.owned(owner) if p.phase is Phase.RUNNING)
+
+    def _placeable(self, name: str, w: FlexWorkload) -> int:
+        """GPUs of the workload's pool that its pods hold or could be given."""
+        nodes = self.cluster.nodes.get(w.pool, [])
+        other = sum(p.gpus for n in nodes for p in n.pods if p.owner != name)
+        return sum(n.gpus for n in nodes) - other
+
+    def _record(
+        self,
+        now: float,
+        want: int,
+        prod_pending: int,
+        served: float,
+        util: dict[str, NDArray[np.float64]],
+        evictions: list[Eviction],
+        tokens: int,
+        self_shed: int,
+        over: int,
+    ) -> None:
+        c = self.cluster
+        prod = flex = flex_running = 0
+        flex_busy = 0.0
+        for pod in c.pods:
+            if pod.node is None:
+                continue
+            if pod.production:
+                prod += pod.gpus
+            else:
+                flex += pod.gpus
+                if pod.phase is Phase.RUNNING:
+                    flex_running += pod.gpus
+                    flex_busy += pod.gpus * self.flex_util[pod.owner]
+        total = sum(self.cluster.pool_gpus(p) for p in c.nodes)
+        self.series.append(
+            t=now,
+            prod_need=want,
+            prod_gpus=prod,
+            prod_pending=prod_pending,
+            prod_busy_served=served,
+            flex_gpus=flex,
+            flex_running_gpus=flex_running,
+            flex_pending=sum(1 for p in c.by_phase[Phase.PENDING] if not p.production),
+            flex_duty=flex_busy / flex_running if flex_running else 0.0,
+            free_gpus=total - prod - flex,
+            total_gpus=total,
+            evictions=sum(1 for e in evictions if not e.pod.production),
+            flex_tokens=tokens,
+            self_shed=self_shed,
+            budget_over_free=max(over, 0),
+        )
+        for pool, values in util.items():
+            self.series.util_by_pool[pool].append(
+                float(values.mean()) / 100 if values.size else 0.0
+            )
+            size = c.pool_gpus(pool)
+            free = sum(n.free for n in c.nodes[pool])
+            self.series.alloc_by_pool[pool].append((size - free) / size if size else 0.0)
+
+    def close(self) -> dict[str, FleetTotals]:
+        _close(self.fleets, self.totals, self.settings)
+        return self.totals
+
+
+def _exporter_util(
+    cluster: Cluster, prod_util: float, flex_util: dict[str, float]
+) -> dict[str, NDArray[np.float64]]:
+    """dcgm-exporter's ``DCGM_FI_DEV_GPU_UTIL`` (percent) of every GPU, by pool.
+
+    Running pods report their duty cycle, starting and terminating ones 0 (loading or
+    draining), unallocated GPUs 0.
+    """
+    out: dict[str, NDArray[np.float64]] = {}
+    for pool, nodes in cluster.nodes.items():
+        values: list[float] = []
+        counts: list[int] = []
+        for node in nodes:
+            for pod in node.pods:
+                running = pod.phase is Phase.RUNNING
+                util = (prod_util if pod.production else flex_util[pod.owner]) if running else 0.0
+                values.append(round(util * 100, 6))
+                counts.append(pod.gpus)
+            values.append(0.0)
+            counts.append(node.free)
+        out[pool] = np.repeat(np.array(values, dtype=np.float64), np.array(counts, dtype=np.int64))
+    return out
+
+
+def _with_max(hpa: dict[str, object], max_replicas: int) -> dict[str, object]:
+    """The rendered HPA with the layout's replica bound (the same as the policy's unless the
+    replay's layout resizes the cluster)."""
+    spec = dict(hpa["spec"])  # type: ignore[call-overload]
+    spec["maxReplicas"] = max_replicas
+    return {**hpa, "spec": spec}

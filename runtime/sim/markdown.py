@@ -1,0 +1,197 @@
+"""A what-if result as text: the headline, a table, assumptions; one run or base vs head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from runtime.sim.report import Summary
+from runtime.sim.whatif import Result
+
+MARKER = "<!-- gpupool-whatif -->"
+"""Hidden marker of the pull-request comment (the check updates the comment carrying it)."""
+LIMIT = 65_000
+"""GitHub refuses comments over 65,536 characters; stay under with room for the diff."""
+
+Row = tuple[str, str, str]
+
+
+def rows(pooled: Summary, fixed: Summary) -> list[Row]:
+    """(figure, pooled, fixed) for the table of one run."""
+
+    def f(x: float, digits: int = 1) -> str:
+        return f"{x:,.{digits}f}"
+
+    hit = "n/a" if pooled.kv_hit_rate is None else f"{pooled.kv_hit_rate:.1%}"
+    hit_fixed = "n/a" if fixed.kv_hit_rate is None else f"{fixed.kv_hit_rate:.1%}"
+    return [
+        ("useful tokens/s", f(pooled.useful_tokens_per_s, 0), f(fixed.useful_tokens_per_s, 0)),
+        ("flex tokens/s", f(pooled.flex_tokens_per_s, 0), f(fixed.flex_tokens_per_s, 0)),
+        (
+            "harvested / harvestable GPU-h",
+            f"{f(pooled.harvested_gpu_h)} / {f(pooled.harvestable_gpu_h)}",
+            f"{f(fixed.harvested_gpu_h)} / {f(fixed.harvestable_gpu_h)}",
+        ),
+        (
+            "harvest efficiency",
+            f"{pooled.harvest_efficiency:.2f}",
+            f"{fixed.harvest_efficiency:.2f}",
+        ),
+        (
+            "production pod-minutes unmet",
+            f(pooled.prod_unmet_pod_minutes),
+            f(fixed.prod_unmet_pod_minutes),
+        ),
+        (
+            "production busy GPU-h short (replicas starting)",
+            f(pooled.prod_short_gpu_h, 2),
+            f(fixed.prod_short_gpu_h, 2),
+        ),
+        (
+            "flex evictions/min (mean / max)",
+            f"{pooled.evictions_per_minute_mean:.2f} / {pooled.evictions_per_minute_max:.2f}",
+            f"{fixed.evictions_per_minute_mean:.2f} / {fixed.evictions_per_minute_max:.2f}",
+        ),
+        ("KV hit rate", hit, hit_fixed),
+        ("KV tokens lost to evictions", f(pooled.kv_tokens_lost, 0), f(fixed.kv_tokens_lost, 0)),
+        ("flex GPU duty cycle", f"{pooled.flex_duty_cycle:.0%}", f"{fixed.flex_duty_cycle:.0%}"),
+        *(
+            (f"allocated share, {pool}", f"{share:.0%}", "")
+            for pool, share in pooled.allocation_share.items()
+        ),
+        *((f"duty cycle, {pool}", f"{duty:.0%}", "") for pool, duty in pooled.duty_cycle.items()),
+    ]
+
+
+def check_lines(summary: Summary) -> list[str]:
+    """The closed-loop properties, each with whether it held in this replay."""
+    c = summary.checks
+    items = [
+        (
+            "idle flex never asks beyond the GPUs its pool can place",
+            c["flex_budget_beyond_pool_gpus_max"] == 0,
+            f"budget beyond placeable GPUs: {c['flex_budget_beyond_pool_gpus_max']:g} (max), flex pods pending: {c['flex_pods_pending_max']:g} (max)",
+        ),
+        (
+            "flex never sheds itself while production waits for nothing",
+            c["flex_self_shed_minutes"] == 0,
+            f"{c['flex_self_shed_minutes']:.1f} minutes of shedding with no production pod pending",
+        ),
+        (
+            "production never waits while flex holds GPUs",
+            c["prod_waited_while_flex_ran_pod_minutes"] == 0,
+            f"{c['prod_waited_while_flex_ran_pod_minutes']:.1f} production pod-minutes pending while flex ran",
+        ),
+    ]
+    return [f"- {'holds' if ok else 'VIOLATED'}: {name} ({detail})" for name, ok, detail in items]
+
+
+def report(result: Result, *, plots: Sequence[str] = ()) -> str:
+    """Markdown of one run (``gpupool whatif --policy``)."""
+    p, f = result.pooled, result.fixed
+    lines = [
+        f"## What-if: pooled vs fixed topology, {p.hours:g} h",
+        "",
+        headline(result),
+        "",
+        "| | pooled | fixed |",
+        "|---|---:|---:|",
+        *(f"| {a} | {b} | {c} |" for a, b, c in rows(p, f)),
+        "",
+        "Closed-loop checks:",
+        *check_lines(p),
+        "",
+        *(f"![{name}]({name})" for name in plots),
+        "",
+        "Assumptions:",
+        *(f"- {a}" for a in result.assumptions),
+        "",
+        _requests(p),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def headline(result: Result) -> str:
+    p = result.pooled
+    return (
+        f"**{result.throughput_ratio:.2f}x useful tokens/s** ({p.useful_tokens_per_s:,.0f} vs "
+        f"{result.fixed.useful_tokens_per_s:,.0f}); harvest efficiency "
+        f"{p.harvest_efficiency:.2f}; production pod-minutes unmet "
+        f"{p.prod_unmet_pod_minutes:.1f}; flex evictions {p.evictions_per_minute_mean:.2f}/min "
+        f"(max {p.evictions_per_minute_max:.2f})"
+    )
+
+
+def _requests(summary: Summary) -> str:
+    lines = [
+        "| workload | arrived | completed | outstanding | dropped (over max_model_len) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, r in summary.requests.items():
+        lines.append(
+            f"| {name} | {r.arrived:,} | {r.completed:,} | {r.outstanding:,} | {r.dropped:,} |"
+        )
+    return "\n".join(lines)
+
+
+def comparison(
+    base: Result, head: Result, *, base_ref: str, head_ref: str, plots: Sequence[str] = ()
+) -> str:
+    """The pull-request comment: what merging ``head`` changes against ``base``."""
+    b, h = base.pooled, head.pooled
+
+    def delta(name: str, before: float, after: float, digits: int = 1, unit: str = "") -> str:
+        return f"{name} {before:,.{digits}f} -> {after:,.{digits}f}{unit} ({after - before:+,.{digits}f})"
+
+    head_line = "; ".join(
+        [
+            delta(
+                "production pod-minutes unmet", b.prod_unmet_pod_minutes, h.prod_unmet_pod_minutes
+            ),
+            delta("evictions/min", b.evictions_per_minute_mean, h.evictions_per_minute_mean, 2),
+            delta("harvested GPU-h", b.harvested_gpu_h, h.harvested_gpu_h),
+            delta("useful tokens/s", b.useful_tokens_per_s, h.useful_tokens_per_s, 0),
+        ]
+    )
+    table = [
+        f"| | base `{base_ref}` | head `{head_ref}` |",
+        "|---|---:|---:|",
+        *(
+            f"| {name} | {before} | {after} |"
+            for (name, before, _), (_, after, _) in zip(
+                rows(b, base.fixed), rows(h, head.fixed), strict=True
+            )
+        ),
+        f"| pooled / fixed useful tokens/s | {base.throughput_ratio:.2f}x | {head.throughput_ratio:.2f}x |",
+    ]
+    details = [
+        "<details><summary>Assumptions and details</summary>",
+        "",
+        "Base:",
+        *(f"- {a}" for a in base.assumptions),
+        "",
+        "Head:",
+        *(f"- {a}" for a in head.assumptions),
+        "",
+        "Closed-loop checks (head):",
+        *check_lines(h),
+        "",
+        _requests(h),
+        "",
+        "</details>",
+    ]
+    lines = [
+        MARKER,
+        f"## gpupool what-if: `{base_ref}` -> `{head_ref}`, {h.hours:g} h replay",
+        "",
+        head_line,
+        "",
+        *table,
+        "",
+        *(f"Plot: `{name}`" for name in plots),
+        "",
+        *details,
+    ]
+    text = "\n".join(lines) + "\n"
+    if len(text) > LIMIT:
+        raise ValueError(f"the what-if comment is {len(text):,} characters, over {LIMIT:,}")
+    return text

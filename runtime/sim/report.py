@@ -1,0 +1,129 @@
+"""Figures of merit of a replay, and the pooled-versus-fixed comparison (pure).
+
+Definitions (docs/whatif.md repeats them for readers of a report):
+- useful tokens/s: generated tokens of completed flex requests plus production's, where
+  production's are its served busy GPU-equivalents times one saturated replica's generated
+  tokens/s (an upper bound of what production produces, so the pooled/fixed ratio is
+  conservative: production counts the same in both replays);
+- harvestable GPU-hours: GPU-hours no production pod needed (all GPUs minus production's
+  replicas); harvested: GPU-hours held by running flex replicas;
+- production minutes unmet: pod-minutes a production pod was Pending (wanted a GPU, had none);
+- evictions per minute: flex pods disrupted by someone else, counted over the policy's rate
+  window as the eviction alert counts them (mean and maximum over the replay);
+- KV hit rate: prefix-cache hit tokens per queried prompt token (traces with block hashes);
+- KV work lost: context tokens of in-flight sequences on replicas that went away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from policy.base import duration_seconds
+from policy.pool import PoolPolicy
+from runtime.sim.engine import Replay
+
+
+@dataclass(frozen=True)
+class Requests:
+    arrived: int
+    completed: int
+    outstanding: int
+    dropped: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One replay's figures; ``checks`` are the closed-loop properties (0 = holds)."""
+
+    name: str
+    hours: float
+    useful_tokens_per_s: float
+    flex_tokens_per_s: float
+    prod_tokens_per_s: float
+    flex_tokens: int
+    harvestable_gpu_h: float
+    harvested_gpu_h: float
+    harvest_efficiency: float
+    prod_unmet_pod_minutes: float
+    prod_unmet_max_pods: int
+    prod_short_gpu_h: float
+    """Busy GPU-hours production wanted while too few of its replicas were ready."""
+    evictions_per_minute_mean: float
+    evictions_per_minute_max: float
+    evictions_total: int
+    kv_hit_rate: float | None
+    kv_tokens_lost: float
+    allocation_share: dict[str, float]
+    duty_cycle: dict[str, float]
+    flex_duty_cycle: float
+    requests: dict[str, Requests]
+    checks: dict[str, float]
+
+
+def summarize(replay: Replay, policy: PoolPolicy) -> Summary:
+    s, dt = replay.series, replay.step_s
+    hours = len(s.t) * dt / 3600
+    seconds = max(len(s.t) * dt, dt)
+    prod_tokens = float(s.array("prod_busy_served").sum() * dt * replay.prod_tokens_per_gpu_s)
+    flex_tokens = int(s.array("flex_tokens").sum())
+    harvestable = float(np.clip(s.array("total_gpus") - s.array("prod_need"), 0, None).sum())
+    harvested = float(s.array("flex_running_gpus").sum())
+    window = max(1, round(duration_seconds(policy.metrics.rate_window) / dt))
+    evictions = s.array("evictions")
+    per_minute = np.convolve(evictions, np.ones(window), mode="full")[: evictions.size] / (
+        window * dt / 60
+    )
+    hits = sum(t.hit_tokens for t in replay.fleets.values())
+    queries = sum(t.query_tokens for t in replay.fleets.values())
+    flex_running = s.array("flex_running_gpus")
+    pending = s.array("prod_pending")
+    return Summary(
+        name=replay.name,
+        hours=hours,
+        useful_tokens_per_s=(prod_tokens + flex_tokens) / seconds,
+        flex_tokens_per_s=flex_tokens / seconds,
+        prod_tokens_per_s=prod_tokens / seconds,
+        flex_tokens=flex_tokens,
+        harvestable_gpu_h=harvestable * dt / 3600,
+        harvested_gpu_h=harvested * dt / 3600,
+        harvest_efficiency=harvested / harvestable if harvestable else 0.0,
+        prod_unmet_pod_minutes=float(pending.sum() * dt / 60),
+        prod_unmet_max_pods=int(pending.max(initial=0)),
+        prod_short_gpu_h=float(
+            (s.array("prod_busy") - s.array("prod_busy_served")).clip(0).sum() * dt / 3600
+        ),
+        evictions_per_minute_mean=float(per_minute.mean()) if per_minute.size else 0.0,
+        evictions_per_minute_max=float(per_minute.max(initial=0.0)),
+        evictions_total=int(evictions.sum()),
+        kv_hit_rate=hits / queries if queries else None,
+        kv_tokens_lost=float(sum(t.kv_tokens_lost for t in replay.fleets.values())),
+        allocation_share=_means(s.alloc_by_pool),
+        duty_cycle=_means(s.util_by_pool),
+        flex_duty_cycle=float(
+            (s.array("flex_duty") * flex_running).sum() / flex_running.sum()
+            if flex_running.sum()
+            else 0.0
+        ),
+        requests={
+            name: Requests(t.arrived, t.completed, t.outstanding, t.dropped)
+            for name, t in replay.fleets.items()
+        },
+        checks={
+            "flex_pods_pending_max": float(s.array("flex_pending").max(initial=0)),
+            "flex_budget_beyond_pool_gpus_max": float(s.array("budget_over_free").max(initial=0)),
+            "flex_self_shed_minutes": float(s.array("self_shed").sum() * dt / 60),
+            "prod_waited_while_flex_ran_pod_minutes": float(
+                (pending * (flex_running > 0)).sum() * dt / 60
+            ),
+        },
+    )
+
+
+def _means(series: dict[str, list[float]]) -> dict[str, float]:
+    return {pool: float(np.mean(v)) if v else 0.0 for pool, v in series.items()}
+
+
+def as_json(summary: Summary) -> dict[str, object]:
+    return asdict(summary)

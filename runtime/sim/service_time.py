@@ -1,0 +1,548 @@
+"""vLLM service times for the simulator: prefill and decode-step latency of a model on a GPU type.
+
+``service_model(gpu_product=..., model_id=..., spec=..., tp=..., max_context=...)`` returns a
+``ServiceModel`` whose methods are numpy-only table lookups, cheap enough to be called millions
+of times on arrays. The tables are built once per (aiconfigurator system, model, tp,
+max_context) and kept in-process.
+
+Where the numbers come from, in order of preference:
+
+1. **aiconfigurator-core** (NVIDIA's measured per-op database, vLLM backend; its default vLLM
+   data set, 0.24.0 for most systems in 0.12.0, 0.14.0 for ``a100_sxm``). The policy's GPU
+   product label (``nvidia.com/gpu.product``) maps to a database system by family
+   (``GPU_SPECS``); the policy's model id maps to a database model by normalised name
+   (``database_model``: org dropped, case folded, ``Meta-`` before ``Llama`` and
+   ``-Instruct``/``-Chat``/``-Base``/``-IT``/``-hf`` tokens removed), used only if its
+   packaged config has the same shape as the workload's ``ModelSpec``. Otherwise the
+   ``config.json`` the ``ModelSpec`` was read from (``spec.source``) is compiled instead.
+   The tables sample ``EngineHandle.predict_prefill_latency(1, tokens)`` and
+   ``EngineHandle.predict_decode_latency(batch, context, osl=2)``.
+
+   What the database's decode latency means: ``predict_decode_latency(bs, isl, osl)`` is the
+   total time of the ``osl - 1`` decode steps that follow the prefill (the first output token
+   comes out of the prefill), for ``bs`` sequences whose context grows from ``isl``: ``osl=1``
+   gives 0, ``osl=2`` exactly one step (equal to ``decode_step_latency(bs, isl, 1)``),
+   ``osl=10`` nine steps (9 x 4.907 ms at bs 1, isl 2048 on H200). So ``osl=2`` is one step
+   of ``bs`` sequences each holding ``isl`` tokens of KV.
+
+2. **Roofline fallback** for GPUs without vLLM data in the database (L4, A10G, PCIe/NVL parts,
+   ...) and for models it cannot compile. Per GPU rank (``tp`` divides parameters and
+   weights; KV bytes are per rank already), with ``F`` dense bf16 FLOP/s and ``BW`` HBM bytes/s
+   from the vendor datasheet (``GPU_SPECS``), ``P = spec.param_count / tp`` parameters,
+   ``W = spec.weight_bytes_per_rank(tp)`` weight bytes and ``K`` KV bytes per token (all
+   layers, this rank: ``kv_heads_per_rank(tp) x kv_width x dtype bytes x num_layers``, the
+   product ``runtime.vllm.plan.plan_kv_cache`` uses, with ``--kv-cache-dtype auto``)::
+
+       prefill(n)        = 2 P n / (F MFU) + W / BW
+       decode_step(b, c) = (W + b c K) / (BW MBU) + 2 P b / (F MFU)
+       MFU = 0.5, MBU = 0.7
+
+   It ignores attention FLOPs (the n^2 term of long prompts), MoE sparsity (all parameters
+   count), tensor-parallel communication and kernel launch overheads.
+
+   Calibration, Llama-3.1-8B on H200 (roofline / database, ``tests/sim/test_service_time.py``
+   keeps these true): prefill 2048 tokens 1.61 (69.9 vs 43.4 ms: the database's GEMMs run at
+   ~0.8 of peak, not 0.5), 512 tokens 1.58, 8192 tokens 1.17; decode step at context 2048
+   batch 1 1.00 (4.9 ms, weight-bound), batch 32 1.17, batch 128 1.38, batch 512 1.48
+   (the roofline adds the compute and KV terms serially; real kernels overlap them), at
+   context 32768 batch 32 1.25. Read: the fallback is ~0-50 % slow (pessimistic), worst on
+   compute-heavy steps.
+
+Lookup: bilinear interpolation in linear space on grids of powers of two and their midpoints
+(x1.5): batch 1..512, context 128..max_context, prompt tokens 16..max_context. Inputs below a
+grid are clamped to its first point (a forward pass costs at least that); above it the last
+segment is extrapolated linearly (decode cost is affine in batch and context). Against direct
+database calls at random off-grid points the interpolation error is <= 2.2 % at the 95th
+percentile and <= 5 % at worst, where the database itself steps (GEMM tile boundaries); the
+tables are made monotone (running maximum along each axis), which moves no point by more
+than 0.07 ms. Table building takes ~1.3-1.7 s on first use in a process (database load and
+compile; ~0.2 s for a second system), a lookup of 10,000 elements ~0.3 ms.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import logging
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from runtime.vllm.model_spec import ModelConfigError, ModelSpec, parse_model_config
+
+Array = NDArray[np.float64]
+
+DATABASE_PACKAGE = "aiconfigurator-core"
+DATABASE_BACKEND = "vllm"
+MFU = 0.5
+"""Roofline: fraction of dense bf16 peak a GEMM-bound forward reaches."""
+MBU = 0.7
+"""Roofline: fraction of HBM bandwidth a weight- or KV-bound decode step reaches."""
+MAX_BATCH_GRID = 512
+"""Largest decode batch tabulated; larger batches extrapolate the last segment."""
+MIN_CONTEXT_GRID = 128
+MIN_PREFILL_GRID = 16
+
+
+class ServiceTimeError(ValueError):
+    """No service-time model for this GPU product / model; the message says what is known."""
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU family: how GPU feature discovery labels it and what the service model uses."""
+
+    name: str
+    """Product as the datasheet names it."""
+    label: str
+    """An ``nvidia.com/gpu.product`` value of this family (for messages)."""
+    pattern: str
+    """Regex matched (``re.search``) against the upper-cased label without ``NVIDIA-``."""
+    system: str | None
+    """aiconfigurator-core system with vLLM data, or None (roofline only)."""
+    bf16_tflops: float
+    """Dense (no sparsity) bf16 tensor-core peak, TFLOP/s."""
+    hbm_gbps: float
+    """Memory bandwidth, GB/s."""
+
+
+GPU_SPECS: tuple[GpuSpec, ...] = (
+    # Ordered: the first match wins, so variants come before their family.
+    # H200 datasheet (nvidia.com/en-us/data-center/h200): BF16 1,979 (SXM) / 1,671 (NVL)
+    # TFLOPS with sparsity, i.e. 989 / 836 dense; 4.8 TB/s for both.
+    GpuSpec("H200 NVL", "NVIDIA-H200-NVL", r"^H200-NVL", None, 836.0, 4800.0),
+    GpuSpec("H200 SXM 141GB", "NVIDIA-H200", r"^H200(-|$)", "h200_sxm", 989.0, 4800.0),
+    # H100 datasheet (nvidia.com/en-us/data-center/h100): BF16 1,979 (SXM) / 1,513 (PCIe) /
+    # 1,671 (NVL) TFLOPS with sparsity; 3.35 / 2.0 / 3.9 TB/s. aiconfigurator-core 0.12.0
+    # ships no vLLM data for h100_pcie.
+    GpuSpec("H100 PCIe", "NVIDIA-H100-PCIe", r"^H100.*-PCIE", None, 756.0, 2000.0),
+    GpuSpec("H100 NVL", "NVIDIA-H100-NVL", r"^H100.*-NVL", None, 835.0, 3900.0),
+    GpuSpec("H100 SXM", "NVIDIA-H100-80GB-HBM3", r"^H100(-|$)", "h100_sxm", 989.0, 3350.0),
+    # A100 datasheet (nvidia.com/en-us/data-center/a100): BF16 312 TFLOPS dense (624 sparse);
+    # 80GB SXM 2,039 GB/s, 80GB PCIe 1,935 GB/s, 40GB 1,555 GB/s. Database: a100_sxm (80GB)
+    # only; a100_pcie has no vLLM data.
+    GpuSpec(
+        "A100 40GB PCIe", "NVIDIA-A100-PCIE-40GB", r"^A100(?=.*PCIE)(?=.*40GB)", None, 312.0, 1555.0
+    ),
+    GpuSpec("A100 80GB PCIe", "NVIDIA-A100-80GB-PCIe", r"^A100(?=.*PCIE)", None, 312.0, 1935.0),
+    GpuSpec("A100 40GB SXM", "NVIDIA-A100-SXM4-40GB", r"^A100(?=.*40GB)", None, 312.0, 1555.0),
+    GpuSpec("A100 80GB SXM", "NVIDIA-A100-SXM4-80GB", r"^A100(-|$)", "a100_sxm", 312.0, 2039.0),
+    # GB200 NVL72 datasheet: 360 PFLOPS FP16/BF16 sparse and 576 TB/s HBM3e over 72 GPUs,
+    # i.e. 2,500 TFLOPS dense and 8 TB/s per GPU.
+    GpuSpec("GB200", "NVIDIA-GB200", r"^GB200(-|$)", "gb200", 2500.0, 8000.0),
+    # HGX B200 datasheet: 36 PFLOPS FP16/BF16 sparse and 64 TB/s over 8 GPUs, i.e. 2,250 TFLOPS
+    # dense and 8 TB/s per GPU (aiconfigurator's b200_sxm.yaml uses 7.7 TB/s).
+    GpuSpec("B200", "NVIDIA-B200", r"^B200(-|$)", "b200_sxm", 2250.0, 8000.0),
+    # L40S datasheet: BF16 362.05 TFLOPS dense (733 sparse), 864 GB/s.
+    GpuSpec("L40S", "NVIDIA-L40S", r"^L40S(-|$)", "l40s", 362.0, 864.0),
+    # L40 datasheet: BF16 181.05 TFLOPS dense (362.1 sparse), 864 GB/s.
+    GpuSpec("L40", "NVIDIA-L40", r"^L40(-|$)", None, 181.0, 864.0),
+    # L4 datasheet: BF16 242 TFLOPS with sparsity (121 dense), 300 GB/s. aiconfigurator-core
+    # 0.12.0 has an l4 system but no vLLM data for it.
+    GpuSpec("L4", "NVIDIA-L4", r"^L4(-|$)", None, 121.0, 300.0),
+    # A10G (AWS G5) has no NVIDIA datasheet: it shares the A10's 600 GB/s GDDR6 but has about
+    # half its tensor rate; Baseten's "NVIDIA A10 vs A10G for ML model inference" lists 70
+    # TFLOPS, and a measured bf16 GEMM reaches 69.5 TFLOP/s. Not the A10's 125.
+    GpuSpec("A10G", "NVIDIA-A10G", r"^A10G(-|$)", None, 70.0, 600.0),
+    # A10 datasheet: BF16 125 TFLOPS dense (250 sparse), 600 GB/s.
+    GpuSpec("A10", "NVIDIA-A10", r"^A10(-|$)", None, 125.0, 600.0),
+)
+"""GPU families by ``nvidia.com/gpu.product`` label, first match wins."""
+
+
+@dataclass(frozen=True)
+class StepTables:
+    """Latency tables (seconds) on their grids; read-only arrays shared by every user."""
+
+    batch: Array
+    context: Array
+    tokens: Array
+    decode_s: Array
+    """``decode_s[i, j]``: one decode step of ``batch[i]`` sequences at context ``context[j]``."""
+    prefill_s: Array
+    """``prefill_s[k]``: prefill of a ``tokens[k]``-token prompt at batch 1."""
+    lookup: _Lookup = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lookup", _Lookup.of(self))
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """The tables prepared for numpy-only lookups.
+
+    Each axis gets a far sentinel point whose values continue the last segment, so that
+    ``np.interp`` (which clamps) extrapolates linearly past the grid and clamps below it. A
+    decode query's fractional cell index comes from ``np.interp`` over the axis positions; the
+    bilinear form ``base + u d_batch + v (d_context + u twist)`` of every cell is precomputed
+    (flattened), so a lookup is two ``interp`` and four ``take`` calls.
+    """
+
+    tokens: Array
+    prefill_s: Array
+    batch: Array
+    context: Array
+    batch_positions: Array
+    context_positions: Array
+    cells_per_row: int
+    last_batch_cell: int
+    last_context_cell: int
+    base: Array
+    d_batch: Array
+    d_context: Array
+    twist: Array
+
+    @classmethod
+    def of(cls, tables: StepTables) -> _Lookup:
+        tokens, prefill = _extend(tables.tokens, tables.prefill_s, axis=0)
+        batch, d = _extend(tables.batch, tables.decode_s, axis=0)
+        context, d = _extend(tables.context, d, axis=1)
+        d00, d10, d01, d11 = d[:-1, :-1], d[1:, :-1], d[:-1, 1:], d[1:, 1:]
+        arrays = [
+            np.ascontiguousarray(a, dtype=np.float64).ravel()
+            for a in (d00, d10 - d00, d01 - d00, d11 - d10 - d01 + d00)
+        ]
+        batch_positions = np.arange(batch.size, dtype=np.float64)
+        context_positions = np.arange(context.size, dtype=np.float64)
+        for array in (tokens, prefill, batch, context, batch_positions, context_positions, *arrays):
+            array.setflags(write=False)
+        return cls(
+            tokens,
+            prefill,
+            batch,
+            context,
+            batch_positions,
+            context_positions,
+            context.size - 1,
+            batch.size - 2,
+            context.size - 2,
+            *arrays,
+        )
+
+
+SENTINEL_FACTOR = 2.0**20
+"""The sentinel sits this many times past an axis' last point (extrapolation ends there)."""
+
+
+def _extend(grid: Array, values: Array, *, axis: int) -> tuple[Array, Array]:
+    """Append the sentinel to ``grid`` and the last segment's linear continuation to ``values``
+    along ``axis``."""
+    far = grid[-1] * SENTINEL_FACTOR
+    last = np.take(values, [-1], axis=axis)
+    slope = (last - np.take(values, [-2], axis=axis)) / (grid[-1] - grid[-2])
+    extended = np.concatenate([values, last + slope * (far - grid[-1])], axis=axis)
+    return np.append(grid, far), extended
+
+
+@dataclass(frozen=True)
+class ServiceModel:
+    """Step latencies of one model on one GPU type under vLLM, as lookup tables."""
+
+    source: str
+    """Where the numbers come from: the database (system, model, tp) or the roofline (specs)."""
+    fallback: bool
+    """True when the roofline was used."""
+    gpu: str
+    """Policy GPU product name (``nvidia.com/gpu.product``)."""
+    model: str
+    """Policy model id."""
+    tables: StepTables = field(repr=False, compare=False)
+
+    def prefill_s(self, tokens: Array | float) -> Array:
+        """Seconds to prefill a prompt of ``tokens`` uncached tokens, batch 1 (elementwise)."""
+        k = self.tables.lookup
+        result: Array = np.asarray(np.interp(tokens, k.tokens, k.prefill_s), dtype=np.float64)
+        return result
+
+    def decode_step_s(self, batch: Array | float, context: Array | float) -> Array:
+        """Seconds of ONE decode step of ``batch`` sequences at mean context length ``context``
+        (tokens already in each sequence's KV cache); the arguments broadcast."""
+        k = self.tables.lookup
+        fb = np.interp(batch, k.batch, k.batch_positions)
+        fc = np.interp(context, k.context, k.context_positions)
+        i = np.minimum(fb.astype(np.intp), k.last_batch_cell)
+        j = np.minimum(fc.astype(np.intp), k.last_context_cell)
+        u, v = fb - i, fc - j
+        cell = i * k.cells_per_row + j
+        result: Array = np.asarray(
+            k.base.take(cell)
+            + u * k.d_batch.take(cell)
+            + v * (k.d_context.take(cell) + u * k.twist.take(cell)),
+            dtype=np.float64,
+        )
+        return result
+
+    def saturated_tokens_per_s(self, *, max_num_seqs: int, context: float) -> float:
+        """Generated tokens/s of one replica decoding ``max_num_seqs`` sequences at mean context
+        ``context`` (decode only: the prefills of replacement requests are not included)."""
+        return max_num_seqs / float(self.decode_step_s(max_num_seqs, context))
+
+
+def service_model(
+    *, gpu_product: str, model_id: str, spec: ModelSpec, tp: int = 1, max_context: int
+) -> ServiceModel:
+    """The service model of ``model_id`` (shape ``spec``) on ``gpu_product`` at tensor parallel
+    ``tp``, tabulated up to ``max_context`` tokens (database first, roofline fallback).
+
+    Raises ``ServiceTimeError`` for a GPU product of no known family (the message lists them).
+    """
+    if tp < 1 or max_context < 1:
+        raise ServiceTimeError(
+            f"{model_id} on {gpu_product}: tp ({tp}) and max_context ({max_context}) must be >= 1"
+        )
+    gpu = gpu_spec(gpu_product, model_id=model_id)
+    reason = f"no vLLM data for {gpu.name} in {DATABASE_PACKAGE}"
+    if gpu.system is not None:
+        version = _database_version()
+        if version is None:
+            reason = f"{DATABASE_PACKAGE} is not installed"
+        else:
+            db_name = database_model(model_id, spec)
+            config = _config_text(spec) if db_name is None else None
+            if db_name is None and config is None:
+                reason = (
+                    f"{DATABASE_PACKAGE} has no model {model_id!r} and the spec's config "
+                    f"{spec.source!r} is not a readable file"
+                )
+            else:
+                ref = db_name if db_name is not None else f"config {spec.source}"
+                tables = _database_tables(gpu.system, db_name, config, tp, max_context)
+                if isinstance(tables, str):
+                    reason = f"{DATABASE_PACKAGE} failed for {ref}: {tables}"
+                else:
+                    return ServiceModel(
+                        source=f"{DATABASE_PACKAGE} {version} ({gpu.system}, "
+                        f"{DATABASE_BACKEND}, {ref}, tp={tp})",
+                        fallback=False,
+                        gpu=gpu_product,
+                        model=model_id,
+                        tables=tables,
+                    )
+    return roofline_model(
+        gpu_product=gpu_product,
+        model_id=model_id,
+        spec=spec,
+        tp=tp,
+        max_context=max_context,
+        reason=reason,
+    )
+
+
+def roofline_model(
+    *,
+    gpu_product: str,
+    model_id: str,
+    spec: ModelSpec,
+    tp: int = 1,
+    max_context: int,
+    reason: str = "requested",
+) -> ServiceModel:
+    """The roofline service model (module docstring), whatever the database has."""
+    gpu = gpu_spec(gpu_product, model_id=model_id)
+    return ServiceModel(
+        source=f"roofline fallback ({gpu_product}: {gpu.bf16_tflops:g} TFLOP/s bf16, "
+        f"{gpu.hbm_gbps:g} GB/s; MFU {MFU}, MBU {MBU}, tp={tp}; {reason})",
+        fallback=True,
+        gpu=gpu_product,
+        model=model_id,
+        tables=_roofline_tables(gpu, spec, tp, max_context),
+    )
+
+
+def gpu_spec(gpu_product: str, *, model_id: str = "") -> GpuSpec:
+    """The family of a ``nvidia.com/gpu.product`` label (case-insensitive; ``NVIDIA-`` and a
+    time-slicing ``-SHARED`` suffix ignored). MIG slices are not modelled."""
+    label = re.sub(r"[\s_]+", "-", gpu_product.strip()).upper()
+    label = re.sub(r"-SHARED$", "", re.sub(r"^NVIDIA-", "", label))
+    where = f"GPU product {gpu_product!r}" + (f" (model {model_id})" if model_id else "")
+    if re.search(r"-MIG(-|$)", label):
+        raise ServiceTimeError(f"{where}: MIG slices have no service-time model; use whole GPUs")
+    for gpu in GPU_SPECS:
+        if re.search(gpu.pattern, label):
+            return gpu
+    known = ", ".join(g.label for g in GPU_SPECS)
+    raise ServiceTimeError(
+        f"{where}: not in {DATABASE_PACKAGE} nor the roofline GPU table; known products: {known}"
+    )
+
+
+def database_model(model_id: str, spec: ModelSpec | None = None) -> str | None:
+    """The aiconfigurator-core model whose normalised name is ``model_id``'s, or None.
+
+    With ``spec``, a candidate counts only when its packaged config has the same shape (layers,
+    heads, KV heads, head width, MLA, parameters within 1 %)."""
+    key = _normalise(model_id)
+    org = model_id.split("/")[0].lower() if "/" in model_id else ""
+    candidates = sorted(
+        _database_models().get(key, ()), key=lambda name: name.split("/")[0].lower() != org
+    )
+    for name in candidates:
+        if spec is None or _same_shape(spec, _database_spec(name)):
+            return name
+    return None
+
+
+def _normalise(model_id: str) -> str:
+    name = model_id.rstrip("/").rsplit("/", 1)[-1].lower()
+    name = re.sub(r"^meta-(?=llama)", "", name)
+    return re.sub(r"-(instruct|chat|base|it|hf)(?=-|$)", "", name)
+
+
+@functools.cache
+def _database_version() -> str | None:
+    try:
+        return importlib.metadata.version(DATABASE_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _model_configs() -> Path:
+    return Path(str(resources.files("aiconfigurator_core") / "model_configs"))
+
+
+@functools.cache
+def _database_models() -> dict[str, tuple[str, ...]]:
+    """Normalised name -> packaged models (only those with a config the package ships: any
+    other name makes aiconfigurator-core download from Hugging Face)."""
+    if _database_version() is None:
+        return {}
+    from aiconfigurator_core.sdk.common import DefaultHFModels
+
+    folder = _model_configs()
+    table: dict[str, list[str]] = {}
+    for name in sorted(DefaultHFModels):
+        if (folder / f"{name.replace('/', '--')}_config.json").is_file():
+            table.setdefault(_normalise(name), []).append(name)
+    return {key: tuple(names) for key, names in table.items()}
+
+
+@functools.cache
+def _database_spec(name: str) -> ModelSpec | None:
+    path = _model_configs() / f"{name.replace('/', '--')}_config.json"
+    try:
+        return parse_model_config(json.loads(path.read_text(encoding="utf-8")), str(path))
+    except (OSError, ValueError, ModelConfigError):
+        return None
+
+
+def _same_shape(spec: ModelSpec, other: ModelSpec | None) -> bool:
+    if other is None:
+        return False
+    fields = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "mla", "dtype")
+    return all(getattr(spec, f) == getattr(other, f) for f in fields) and (
+        abs(spec.param_count - other.param_count) <= 0.01 * spec.param_count
+    )
+
+
+def _config_text(spec: ModelSpec) -> str | None:
+    """The ``config.json`` text the spec was read from, when ``spec.source`` is that file."""
+    path = Path(spec.source)
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+class _QuietLowFidelity(logging.Filter):
+    """Drops aiconfigurator-core's per-table "Loading low-fidelity fallback rows" warnings
+    (tables of other frameworks it loads with every database; they never reach our models)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Loading low-fidelity fallback rows")
+
+
+_QUIET = _QuietLowFidelity()
+
+
+@functools.lru_cache(maxsize=64)
+def _database_tables(
+    system: str, db_name: str | None, config: str | None, tp: int, max_context: int
+) -> StepTables | str:
+    """Compile the model (a packaged name, or a ``config.json`` text) and sample the grid;
+    a one-line reason when the database cannot (cached too: failing costs seconds)."""
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    quiet = logging.getLogger("aiconfigurator_core.sdk.perf_database")
+    if _QUIET not in quiet.filters:
+        quiet.addFilter(_QUIET)
+    try:
+        if db_name is not None:
+            handle = EngineHandle.compile(db_name, system, DATABASE_BACKEND, tp_size=tp)
+        else:
+            assert config is not None
+            with tempfile.TemporaryDirectory(prefix="gpupool-model-") as folder:
+                (Path(folder) / "config.json").write_text(config, encoding="utf-8")
+                handle = EngineHandle.compile(folder, system, DATABASE_BACKEND, tp_size=tp)
+
+        def decode(b: float, c: float) -> float:
+            return handle.predict_decode_latency(int(b), int(c), 2) / 1e3
+
+        def prefill(n: float) -> float:
+            return handle.predict_prefill_latency(1, int(n)) / 1e3
+
+        return _tabulate(max_context, decode, prefill)
+    except Exception as exc:  # any rejection (architecture, tp, ...) means: use the roofline
+        return _one_line(exc)
+
+
+@functools.lru_cache(maxsize=64)
+def _roofline_tables(gpu: GpuSpec, spec: ModelSpec, tp: int, max_context: int) -> StepTables:
+    flops = gpu.bf16_tflops * 1e12 * MFU
+    bandwidth = gpu.hbm_gbps * 1e9 * MBU
+    params = spec.param_count / tp
+    weights = float(spec.weight_bytes_per_rank(tp))
+    kv_per_token = spec.kv_heads_per_rank(tp) * spec.kv_width * spec.dtype_bytes * spec.num_layers
+
+    def decode(b: float, c: float) -> float:
+        return (weights + b * c * kv_per_token) / bandwidth + 2 * params * b / flops
+
+    def prefill(n: float) -> float:
+        return 2 * params * n / flops + weights / (gpu.hbm_gbps * 1e9)
+
+    return _tabulate(max_context, decode, prefill)
+
+
+def _tabulate(
+    max_context: int,
+    decode: Callable[[float, float], float],
+    prefill: Callable[[float], float],
+) -> StepTables:
+    batch = _grid(1, MAX_BATCH_GRID)
+    context = _grid(min(MIN_CONTEXT_GRID, max_context), max_context)
+    tokens = _grid(min(MIN_PREFILL_GRID, max_context), max_context)
+    decode_s = np.array([[decode(b, c) for c in context] for b in batch], dtype=np.float64)
+    prefill_s = np.array([prefill(n) for n in tokens], dtype=np.float64)
+    # Measured data wobbles by up to ~1 %; queueing needs more work never to be faster.
+    decode_s = np.maximum.accumulate(np.maximum.accumulate(decode_s, axis=0), axis=1)
+    prefill_s = np.maximum.accumulate(prefill_s)
+    arrays = (batch, context, tokens, decode_s, prefill_s)
+    for array in arrays:
+        array.setflags(write=False)
+    return StepTables(*arrays)
+
+
+def _grid(low: int, high: int) -> Array:
+    """Powers of two from ``low`` and their x1.5 midpoints up to ``high`` (included); at least
+    two points."""
+    points: set[int] = set()
+    value = low
+    while value <= high:
+        points.update({value, value * 3 // 2} if value > 1 else {value})
+        value *= 2
+    points = {p for p in points if p <= high} | {high}
+    if len(points) < 2:
+        points.add(2 * high)
+    return np.array(sorted(points), dtype=np.float64)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,0 +1,257 @@
+"""One what-if run: a policy, a production trace and flex demand -> pooled vs fixed summaries.
+
+Pure apart from reading the workloads' model configs (``load_model_spec``). The pieces:
+traces (``runtime.sim.traces``) -> request streams and the cluster layout -> the pooled
+closed loop and the fixed-topology baseline (``runtime.sim.engine``) -> ``report.Summary``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from policy.pool import PoolPolicy
+from runtime.sim.engine import (
+    FlexInput,
+    Layout,
+    Progress,
+    Replay,
+    Settings,
+    replay_fixed,
+    replay_pooled,
+)
+from runtime.sim.report import Summary, summarize
+from runtime.sim.service_time import ServiceModel, service_model
+from runtime.sim.serving import Requests
+from runtime.sim.traces import FlexTrace, ProductionTrace
+from runtime.vllm import load_model_spec, plan_kv_cache
+
+LayoutMode = Literal["policy", "trace"]
+
+
+class WhatIfError(ValueError):
+    """Inputs that cannot be replayed as given; one line, with the numbers."""
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Flex demand of one workload: request traces (merged) and/or a backlog."""
+
+    traces: tuple[FlexTrace, ...] = ()
+    backlog: FlexTrace | None = None
+    """Batch work that is always available; request lengths cycle through this trace."""
+    rate_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """Everything one replay pair needs besides the policy."""
+
+    production: ProductionTrace
+    demand: Mapping[str, Demand]
+    settings: Settings
+    layout: LayoutMode = "policy"
+    fit_production: bool = False
+    """Scale a production trace that outgrows the cluster down to fit (never silently)."""
+
+
+@dataclass(frozen=True)
+class Result:
+    pooled: Summary
+    fixed: Summary
+    replays: tuple[Replay, Replay]
+    layout: Layout
+    assumptions: tuple[str, ...]
+    services: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def throughput_ratio(self) -> float:
+        base = self.fixed.useful_tokens_per_s
+        return self.pooled.useful_tokens_per_s / base if base else math.inf
+
+
+def run(
+    policy: PoolPolicy, policy_dir: Path, whatif: WhatIf, *, progress: Progress | None = None
+) -> Result:
+    """Replay the policy's closed loop and the fixed baseline on the same demand."""
+    if not policy.workloads:
+        raise WhatIfError("the policy declares no flex workloads: there is nothing to replay")
+    unknown = sorted(set(whatif.demand) - {w.name for w in policy.workloads})
+    if unknown:
+        raise WhatIfError(
+            f"flex demand names unknown workloads {unknown}; "
+            f"the policy has {[w.name for w in policy.workloads]}"
+        )
+    settings = whatif.settings
+    production = whatif.production
+    layout = _layout(policy, production, whatif)
+    production = _fit(policy, production, layout, whatif)
+    horizon = settings.hours * 3600
+    flex: list[FlexInput] = []
+    services: dict[str, ServiceModel] = {}
+    for w in policy.workloads:
+        spec = load_model_spec(policy_dir / w.hf_config)
+        plan = plan_kv_cache(policy, w, spec)
+        pool = policy.pool_of(w)
+        model = service_model(
+            gpu_product=pool.gpu_model,
+            model_id=w.model,
+            spec=spec,
+            tp=w.gpus_per_replica,
+            max_context=w.max_model_len,
+        )
+        services[w.name] = model
+        demand = whatif.demand.get(w.name, Demand())
+        requests = _requests(demand, horizon)
+        window = layout.max_replicas[w.name] * w.max_num_seqs * 2 if demand.backlog else 0
+        flex.append(FlexInput(w, requests, plan.max_concurrent_tokens, model, window))
+    reference = flex[0]
+    context = (
+        float(np.mean(reference.requests.input_tokens + reference.requests.output_tokens / 2))
+        if len(reference.requests)
+        else 1024.0
+    )
+    per_gpu = (
+        services[reference.workload.name].saturated_tokens_per_s(
+            max_num_seqs=reference.workload.max_num_seqs,
+            context=min(context, reference.workload.max_model_len),
+        )
+        / reference.workload.gpus_per_replica
+    )
+    pooled = replay_pooled(
+        policy, layout, production, flex, settings, prod_tokens_per_gpu_s=per_gpu, progress=progress
+    )
+    fixed = replay_fixed(policy, layout, production, flex, settings, prod_tokens_per_gpu_s=per_gpu)
+    assumptions = (
+        *(f"service times of {n}: {m.source}" for n, m in services.items()),
+        f"production replicas: {_rule_text(settings)}; new replicas start in "
+        f"{settings.production.startup_s:g} s",
+        f"flex replicas start in {settings.flex_startup_s:g} s (image pull + model load)",
+        f"production tokens: busy GPU-equivalents x {per_gpu:,.0f} generated tokens/s "
+        f"(one saturated {reference.workload.name} replica per GPU, an upper bound)",
+        f"layout: {_layout_text(policy, layout, whatif.layout)}",
+        f"step {settings.step_s:g} s; budget every {policy.metrics.evaluation_interval}; "
+        f"HPA tolerance {settings.hpa_tolerance:g}; target {settings.target}"
+        + (
+            f" (node ready {settings.karpenter_delay_s:g} s after the request)"
+            if settings.target == "karpenter"
+            else ""
+        ),
+        "flex serving: fluid continuous-batching model (runtime/sim/serving.py)",
+    )
+    return Result(
+        summarize(pooled, policy),
+        summarize(fixed, policy),
+        (pooled, fixed),
+        layout,
+        assumptions,
+        {n: m.source for n, m in services.items()},
+    )
+
+
+def _requests(demand: Demand, horizon_s: float) -> Requests:
+    if demand.backlog is not None:
+        if demand.traces:
+            raise WhatIfError("a workload takes either request traces or a backlog, not both")
+        return _to_requests(demand.backlog, backlog=True)
+    if not demand.traces:
+        return _to_requests(None, backlog=False)
+    return Requests.merge(
+        [_to_requests(t.tiled(horizon_s, demand.rate_scale), backlog=False) for t in demand.traces]
+    )
+
+
+def _to_requests(trace: FlexTrace | None, *, backlog: bool) -> Requests:
+    if trace is None:
+        empty_i = np.empty(0, dtype=np.int64)
+        return Requests(
+            np.empty(0), empty_i, empty_i, empty_i, np.empty(0), np.empty(0, dtype=bool)
+        )
+    n = trace.arrival_s.size
+    if backlog:
+        return Requests(
+            np.zeros(n),
+            np.asarray(trace.input_tokens, dtype=np.int64),
+            np.asarray(trace.output_tokens, dtype=np.int64),
+            np.zeros(n, dtype=np.int64),
+            np.full(n, np.nan),
+            np.zeros(n, dtype=bool),
+            backlog=True,
+        )
+    return Requests(
+        np.asarray(trace.arrival_s, dtype=np.float64),
+        np.asarray(trace.input_tokens, dtype=np.int64),
+        np.asarray(trace.output_tokens, dtype=np.int64),
+        np.asarray(trace.prefix_blocks, dtype=np.int64) * trace.block_tokens,
+        np.asarray(trace.prefix_last_seen, dtype=np.float64),
+        np.full(n, trace.block_tokens > 0),
+    )
+
+
+def _layout(policy: PoolPolicy, production: ProductionTrace, whatif: WhatIf) -> Layout:
+    declared = Layout.of_policy(policy)
+    if whatif.layout == "policy":
+        return declared
+    prod = policy.prod_pool
+    flex_pool = policy.flex_pools[0]
+    peak_nodes = math.ceil(int(production.held.max()) / prod.gpus_per_node)
+    need = whatif.settings.production.replicas(production)
+    prod_nodes = max(1, math.ceil(float(np.median(need)) / prod.gpus_per_node))
+    nodes = dict(declared.nodes)
+    nodes[prod.name] = prod_nodes
+    nodes[flex_pool.name] = flex_pool.max_nodes + max(0, peak_nodes - prod_nodes)
+    max_replicas = dict(declared.max_replicas)
+    for w in policy.workloads:
+        if w.pool == flex_pool.name:
+            sharing = sum(1 for x in policy.workloads if x.pool == w.pool)
+            fits = nodes[w.pool] * flex_pool.gpus_per_node // w.gpus_per_replica // sharing
+            max_replicas[w.name] = max(w.max_replicas, fits)
+    return Layout(nodes, declared.gpus_per_node, max_replicas)
+
+
+def _fit(
+    policy: PoolPolicy, production: ProductionTrace, layout: Layout, whatif: WhatIf
+) -> ProductionTrace:
+    """Refuse a production trace that outgrows the cluster, or scale it when asked to."""
+    capacity = layout.total_gpus
+    need = np.maximum(production.held, whatif.settings.production.replicas(production))
+    worst = int(np.argmax(need))
+    if need[worst] <= capacity:
+        return production
+    if not whatif.fit_production:
+        pools = ", ".join(f"{p} {layout.nodes[p] * layout.gpus_per_node[p]}" for p in layout.nodes)
+        raise WhatIfError(
+            f"{production.source}: at minute {worst * production.step_s / 60:.0f} production "
+            f"holds {int(production.held[worst])} GPUs (needs {int(need[worst])}) but the "
+            f"cluster has {capacity} ({pools}); size the pools or replay with --fit-production "
+            "to scale the trace to the cluster"
+        )
+    factor = capacity / float(need[worst])
+    held = np.floor(production.held * factor).astype(np.int64)
+    busy = np.minimum(production.busy * factor, held.astype(np.float64))
+    return replace(production, source=f"{production.source} x{factor:.3f}", held=held, busy=busy)
+
+
+def _rule_text(settings: Settings) -> str:
+    rule = settings.production
+    if rule.mode == "held":
+        return "the GPUs the trace's instances hold"
+    return f"ceil(busy GPU-equivalents / {rule.target_utilization:g}), at least 1"
+
+
+def _layout_text(policy: PoolPolicy, layout: Layout, mode: LayoutMode) -> str:
+    pools = ", ".join(
+        f"{p} {layout.nodes[p]} x {layout.gpus_per_node[p]} GPUs" for p in layout.nodes
+    )
+    bounds = ", ".join(f"{w} max {n}" for w, n in layout.max_replicas.items())
+    if mode == "policy":
+        return f"the policy's pools ({pools}); {bounds}"
+    return (
+        f"sized to the trace ({pools}: production's peak plus the policy's flex pool, "
+        f"gpu-prod holding production's median need); {bounds}"
+    )
