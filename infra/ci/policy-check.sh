@@ -9,7 +9,8 @@
 #
 #   1. gpupool validate  POLICY at HEAD_REF (model configs beside it, as committed);
 #   2. gpupool diff      POLICY at BASE_REF and at HEAD_REF (the rendered objects);
-#   3. $GPUPOOL_WHATIF --base BASE --head HEAD --markdown OUT_DIR/comment.md --plots OUT_DIR
+#   3. $GPUPOOL_WHATIF --base BASE --head HEAD --policy-path POLICY
+#        --markdown OUT_DIR/comment.md --plots OUT_DIR
 #      (the closed-loop replay; skipped when validation failed);
 #   4. writes OUT_DIR/pr-comment.md: the verdict, the replay's markdown and the diff in a
 #      collapsed <details> section when it fits GitHub's limit (otherwise a pointer to
@@ -145,8 +146,9 @@ replayed=0
 whatif_failed=0
 if [ "$valid" = 1 ] && [ "$base_has_policy" = 1 ]; then
   log "${whatif_cmd[*]} --base $short_base --head $short_head"
-  if "${whatif_cmd[@]}" --base "$base" --head "$head" --markdown "$whatif_md" \
-    --plots "$OUT_DIR" 2>&1 | tee "$whatif_log" >&2; then
+  # short ids (unique here, as git abbreviates them) read better in the replay's report
+  if "${whatif_cmd[@]}" --base "$short_base" --head "$short_head" --policy-path "$POLICY" \
+    --markdown "$whatif_md" --plots "$OUT_DIR" 2>&1 | tee "$whatif_log" >&2; then
     if [ -s "$whatif_md" ]; then replayed=1; else
       whatif_failed=1
       printf '%s wrote no markdown to %s\n' "${whatif_cmd[*]}" "$whatif_md" >>"$whatif_log"
@@ -186,7 +188,11 @@ whatif_part="$scratch/whatif.md"
 : >"$whatif_part"
 if [ "$replayed" = 1 ]; then
   if [ $(($(chars "$head_part") + $(chars "$whatif_md") + 2000)) -le "$MAX_CHARS" ]; then
-    { printf '\n'; cat "$whatif_md"; [ -z "$(tail -c 1 "$whatif_md")" ] || printf '\n'; } >"$whatif_part"
+    {
+      printf '\n'
+      # its own marker line, if any, goes: the comment has one, at the top
+      awk 'NR == 1 && /^<!--.*-->[[:space:]]*$/ { next } { print }' "$whatif_md"
+    } >"$whatif_part"
   else
     printf '\n_The replay report (%s characters) does not fit in a comment: see `%s`._\n' \
       "$(chars "$whatif_md")" "$whatif_md" >"$whatif_part"

@@ -175,6 +175,8 @@ class Replay:
 
 
 Progress = Callable[[int, int], None]
+Observer = Callable[[float, ExporterView], None]
+"""Sees every exporter state the budget is evaluated on (tests compare it with PromQL)."""
 
 
 def replay_pooled(
@@ -186,9 +188,10 @@ def replay_pooled(
     *,
     prod_tokens_per_gpu_s: float,
     progress: Progress | None = None,
+    observe: Observer | None = None,
 ) -> Replay:
     """The policy's closed loop on ``layout`` (see the module docstring)."""
-    loop = _PooledLoop(policy, layout, trace, flex, settings)
+    loop = _PooledLoop(policy, layout, trace, flex, settings, observe)
     steps = settings.steps
     for step in range(steps):
         loop.step(step)
@@ -307,8 +310,10 @@ class _PooledLoop:
         trace: ProductionTrace,
         flex: list[FlexInput],
         settings: Settings,
+        observe: Observer | None = None,
     ) -> None:
         self.policy, self.layout, self.trace, self.settings = policy, layout, trace, settings
+        self.observe = observe
         karpenter = settings.target == "karpenter"
         self.cluster = Cluster(
             nodes={
@@ -395,6 +400,8 @@ class _PooledLoop:
         util = _exporter_util(c, prod_util, self.flex_util)
         if step % self.eval_every == 0:
             view = ExporterView(util, dict(self.spec))
+            if self.observe is not None:
+                self.observe(now, view)
             for name, w in self.workloads.items():
                 self.budget[name] = budget(self.policy, w, view)
         prod_pending = sum(1 for p in c.by_phase[Phase.PENDING] if p.production)

@@ -71,6 +71,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -78,6 +79,8 @@ from numpy.typing import NDArray
 from runtime.vllm.model_spec import ModelConfigError, ModelSpec, parse_model_config
 
 Array = NDArray[np.float64]
+Values = NDArray[Any] | float
+"""What the lookups accept: a number or an array of any real dtype (token counts are ints)."""
 
 DATABASE_PACKAGE = "aiconfigurator-core"
 DATABASE_BACKEND = "vllm"
@@ -255,13 +258,13 @@ class ServiceModel:
     """Policy model id."""
     tables: StepTables = field(repr=False, compare=False)
 
-    def prefill_s(self, tokens: Array | float) -> Array:
+    def prefill_s(self, tokens: Values) -> Array:
         """Seconds to prefill a prompt of ``tokens`` uncached tokens, batch 1 (elementwise)."""
         k = self.tables.lookup
         result: Array = np.asarray(np.interp(tokens, k.tokens, k.prefill_s), dtype=np.float64)
         return result
 
-    def decode_step_s(self, batch: Array | float, context: Array | float) -> Array:
+    def decode_step_s(self, batch: Values, context: Values) -> Array:
         """Seconds of ONE decode step of ``batch`` sequences at mean context length ``context``
         (tokens already in each sequence's KV cache); the arguments broadcast."""
         k = self.tables.lookup
@@ -271,10 +274,11 @@ class ServiceModel:
         j = np.minimum(fc.astype(np.intp), k.last_context_cell)
         u, v = fb - i, fc - j
         cell = i * k.cells_per_row + j
+        # mode="clip": a NaN input gives NaN (through u, v), never an IndexError
         result: Array = np.asarray(
-            k.base.take(cell)
-            + u * k.d_batch.take(cell)
-            + v * (k.d_context.take(cell) + u * k.twist.take(cell)),
+            k.base.take(cell, mode="clip")
+            + u * k.d_batch.take(cell, mode="clip")
+            + v * (k.d_context.take(cell, mode="clip") + u * k.twist.take(cell, mode="clip")),
             dtype=np.float64,
         )
         return result

@@ -606,6 +606,8 @@ def prefix_reuse(
     always computes the last prompt token). ``prefix_last_seen`` is the latest earlier
     arrival that held the prefix's last block: the one an LRU cache would have kept longest.
     """
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
     size = len(hash_ids)
     blocks = np.zeros(size, dtype=np.int64)
     last_seen = np.full(size, np.nan)

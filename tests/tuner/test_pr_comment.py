@@ -6,10 +6,11 @@ responses recorded in ``fixtures/github/`` (each file: the request it answers, t
 headers and body in GitHub's documented shape; ``{api}`` in a header is the server's URL)
 and records every request it receives.
 
-``gpupool whatif`` does not exist yet, so the script tests run the script with
-``GPUPOOL_WHATIF`` pointing at a small stand-in that writes a markdown report and a plot.
+``gpupool whatif`` is built in parallel with this check, so the script tests run the script
+with ``GPUPOOL_WHATIF`` pointing at a small stand-in that writes a markdown report (with its
+own marker line, as the real one does) and a plot.
 TODO: the end-to-end test of the script with the real ``gpupool whatif`` is added once that
-command exists.
+command exists (by its author).
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from runtime.cli.app import app
 from runtime.tuner import forge
@@ -47,7 +47,7 @@ CREATED_ID = 2412467790  # the comment of create_comment.json
 
 @dataclass(frozen=True)
 class Received:
-    """One request the server received."""
+    """One request the server received (header names in lower case: HTTP ignores case)."""
 
     method: str
     path: str
@@ -87,7 +87,7 @@ def github() -> Iterator[ReplayGitHub]:
                 Received(
                     method=self.command,
                     path=self.path,
-                    headers=dict(self.headers.items()),
+                    headers={k.lower(): v for k, v in self.headers.items()},
                     body=json.loads(raw) if raw else None,
                 )
             )
@@ -170,14 +170,9 @@ def test_api_url_comes_from_the_environment() -> None:
 
 
 def test_next_page_comes_from_the_link_header() -> None:
-    link = (
-        '<https://api.github.com/repositories/1/issues/42/comments?per_page=100&page=1>; rel="prev", '
-        '<https://api.github.com/repositories/1/issues/42/comments?per_page=100&page=3>; rel="next", '
-        '<https://api.github.com/repositories/1/issues/42/comments?per_page=100&page=5>; rel="last"'
-    )
-    assert forge.next_page_url(link) == (
-        "https://api.github.com/repositories/1/issues/42/comments?per_page=100&page=3"
-    )
+    page = "https://api.github.com/repositories/1/issues/42/comments?per_page=100&page="
+    link = f'<{page}1>; rel="prev", <{page}3>; rel="next", <{page}5>; rel="last"'
+    assert forge.next_page_url(link) == f"{page}3"
     assert forge.next_page_url('<https://x/a?page=2>; title="n"; rel="next prefetch"') == (
         "https://x/a?page=2"
     )
@@ -249,7 +244,7 @@ def test_bad_repository_is_refused(repository: str) -> None:
 
 def test_bad_token_number_or_url_is_refused() -> None:
     common = {"repository": REPOSITORY, "api_url": "https://api.github.com"}
-    with pytest.raises(ValueError, match="GITHUB_TOKEN is empty.*pull-requests: write"):
+    with pytest.raises(ValueError, match=r"GITHUB_TOKEN is empty.*pull-requests: write"):
         forge.build_comment_list(**common, token=" ", number=1)
     for number in (0, -3, True):
         with pytest.raises(ValueError, match="pull request number as a positive integer"):
@@ -284,9 +279,9 @@ def test_first_run_posts_a_new_comment(github: ReplayGitHub) -> None:
     )
     assert github.received[1].body == {"body": "<!-- gpupool-whatif -->\n## report\n"}
     for request in github.received:
-        assert request.headers["Authorization"] == f"Bearer {TOKEN}"
-        assert request.headers["X-GitHub-Api-Version"] == "2022-11-28"
-        assert request.headers["Accept"] == "application/vnd.github+json"
+        assert request.headers["authorization"] == f"Bearer {TOKEN}"
+        assert request.headers["x-github-api-version"] == "2022-11-28"
+        assert request.headers["accept"] == "application/vnd.github+json"
 
 
 def test_later_run_updates_the_marked_comment_found_on_page_two(github: ReplayGitHub) -> None:
@@ -303,8 +298,8 @@ def test_later_run_updates_the_marked_comment_found_on_page_two(github: ReplayGi
     assert result.action == "updated" and result.comment_id == MARKED_ID
     assert result.html_url.endswith(f"#issuecomment-{MARKED_ID}")
     for request in github.received:  # the next page too: same host, same headers
-        assert request.headers["Authorization"] == f"Bearer {TOKEN}"
-        assert request.headers["X-GitHub-Api-Version"] == "2022-11-28"
+        assert request.headers["authorization"] == f"Bearer {TOKEN}"
+        assert request.headers["x-github-api-version"] == "2022-11-28"
 
 
 def test_refusal_is_one_line_with_status_and_message(github: ReplayGitHub) -> None:
@@ -408,6 +403,7 @@ printf '%s\\n' "$*" >>"$WHATIF_CALLS"
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) base=$2 ;; --head) head=$2 ;; --markdown) md=$2 ;; --plots) plots=$2 ;;
+    --policy-path) policy=$2 ;;
     *) echo "stand-in: unexpected $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -415,7 +411,8 @@ done
 mkdir -p "$plots" "$(dirname "$md")"
 printf '<svg xmlns="http://www.w3.org/2000/svg"/>\\n' >"$plots/utilization.svg"
 {
-  printf '### What-if replay (stand-in)\\n\\nbase %s, head %s\\n\\n' "$base" "$head"
+  printf '<!-- gpupool-whatif -->\\n### What-if replay (stand-in)\\n\\n'
+  printf 'base %s, head %s, policy %s\\n\\n' "$base" "$head" "$policy"
   printf '![utilization](utilization.svg)\\n'
   if [ -n "${WHATIF_PAD:-}" ]; then head -c "$WHATIF_PAD" /dev/zero | tr '\\0' 'w'; echo; fi
 } >"$md"
@@ -497,21 +494,24 @@ def test_script_posts_the_replay_and_the_diff(
     run, whatif_calls = _run_script(policy_repo, tmp_path, github, **_posting(base, head))
     assert run.returncode == 0, run.stderr
     assert whatif_calls == [
-        f"--base {base} --head {head} --markdown build/whatif/comment.md --plots build/whatif"
+        f"--base {base[:7]} --head {head[:7]} --policy-path policy/pool.yaml "
+        "--markdown build/whatif/comment.md --plots build/whatif"
     ]
     assert github.calls() == [
         "GET /repos/acme/gpupool-policy/issues/42/comments?per_page=100",
         "POST /repos/acme/gpupool-policy/issues/42/comments",
     ]
-    assert github.received[1].headers["Authorization"] == f"Bearer {TOKEN}"
+    assert github.received[1].headers["authorization"] == f"Bearer {TOKEN}"
     posted = github.received[1].body
     assert isinstance(posted, dict)
     body = posted["body"]
     assert body == (run.out / "pr-comment.md").read_text(encoding="utf-8")
     assert body.startswith("<!-- gpupool-whatif -->\n## gpupool policy check: `policy/pool.yaml`")
     assert f"at `{head[:7]}` (base `{base[:7]}`): ok (2 node pools, 1 flex workloads)" in body
-    # the replay's markdown, as written
-    assert (run.out / "comment.md").read_text(encoding="utf-8") in body
+    # the replay's markdown, as written, less its own marker line: one marker, at the top
+    report = (run.out / "comment.md").read_text(encoding="utf-8")
+    assert report.startswith("<!-- gpupool-whatif -->\n")
+    assert report.split("\n", 1)[1] in body and body.count("<!-- gpupool-whatif -->") == 1
     assert "### What-if replay (stand-in)" in body and (run.out / "utilization.svg").exists()
     # the rendered diff, collapsed, after the replay
     details = body.index("<details><summary>Rendered manifest diff")
@@ -572,7 +572,7 @@ def test_a_diff_that_does_not_fit_is_left_to_the_artifact(
         tmp_path,
         github,
         **_posting(base, head),
-        WHATIF_PAD="61000",
+        WHATIF_PAD="62000",
         RUN_URL="https://ci.example.com/run/7",
     )
     assert run.returncode == 0, run.stderr
@@ -580,7 +580,7 @@ def test_a_diff_that_does_not_fit_is_left_to_the_artifact(
     assert isinstance(posted, dict)
     body = posted["body"]
     assert len(body) <= forge.MAX_COMMENT_CHARS
-    assert "w" * 61000 in body and "<details>" not in body
+    assert "w" * 62000 in body and "<details>" not in body
     assert "does not fit in the comment: see `build/whatif/policy.diff`" in body
     assert "[this run](https://ci.example.com/run/7)" in body
     assert "shed_above: 0.7" in (run.out / "policy.diff").read_text(encoding="utf-8")
@@ -602,7 +602,10 @@ def test_workflow_runs_the_script_with_the_event_refs() -> None:
     assert workflow["permissions"] == {"contents": "read", "pull-requests": "write"}
     steps = workflow["jobs"]["policy-check"]["steps"]
     uses = {step.get("uses", "").split("@")[0]: step for step in steps}
-    assert uses["actions/checkout"]["with"]["fetch-depth"] == 0
+    (policy_checkout,) = (s for s in steps if s.get("with", {}).get("path") == "policy-repo")
+    assert policy_checkout["uses"].startswith("actions/checkout@")
+    assert policy_checkout["with"]["fetch-depth"] == 0
+    assert policy_checkout["with"]["ref"] == "${{ github.event.pull_request.head.sha }}"
     assert uses["actions/setup-python"]["with"]["python-version"] == "3.11"
     assert uses["actions/upload-artifact"]["with"]["path"] == "policy-repo/build/whatif"
     assert uses["actions/upload-artifact"]["if"] == "always()"
