@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2016  # single-quoted backticks are markdown, not substitutions
 # Pull-request check of a gpupool policy repository, for any CI system (bash, git, tar).
 #
 #   infra/ci/policy-check.sh [BASE_REF [HEAD_REF]]
@@ -85,7 +86,8 @@ comment="$OUT_DIR/pr-comment.md"
 whatif_md="$OUT_DIR/comment.md"
 diff_file="$OUT_DIR/policy.diff"
 whatif_log="$OUT_DIR/whatif.log"
-rm -f "$comment" "$whatif_md" "$diff_file" "$whatif_log"
+validation="$OUT_DIR/validate.txt"
+rm -f "$comment" "$whatif_md" "$diff_file" "$whatif_log" "$validation"
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/policy-check.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 
@@ -116,7 +118,6 @@ fenced() {
 }
 
 # --- 1. validate the head -------------------------------------------------------------
-validation="$OUT_DIR/validate.txt"
 valid=0
 if export_policy "$head" "$scratch/head"; then
   if (cd "$scratch/head" && "${gpupool_cmd[@]}" validate "$POLICY") >"$validation" 2>&1; then
