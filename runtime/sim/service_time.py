@@ -391,7 +391,7 @@ def database_model(model_id: str, spec: ModelSpec | None = None) -> str | None:
     """The aiconfigurator-core model whose normalised name is ``model_id``'s, or None.
 
     With ``spec``, a candidate counts only when its packaged config has the same shape (layers,
-    heads, KV heads, head width, MLA, parameters within 1 %)."""
+    heads, KV heads, head width, MLA, dtype, parameters within 1 %)."""
     key = _normalise(model_id)
     org = model_id.split("/")[0].lower() if "/" in model_id else ""
     candidates = sorted(

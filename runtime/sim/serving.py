@@ -31,6 +31,8 @@ Array = NDArray[np.float64]
 
 CHUNK = 4096
 """Requests costed per vector operation while a step's capacity lasts."""
+BOUNDLESS = 2**62
+"""Requests a backlog holds: more than any fleet serves."""
 
 
 class StepLatencies(Protocol):
@@ -174,7 +176,8 @@ class Fleet:
 
     def serve(self, now: float, dt: float, replicas: int) -> StepResult:
         """Serve for ``dt`` seconds from ``now`` with ``replicas`` running replicas."""
-        arrived = self.arrived(now + dt)
+        # A backlog never runs dry: the fleet takes as much as its capacity allows.
+        arrived = BOUNDLESS if self.requests.backlog else self.arrived(now + dt)
         if replicas <= 0 or arrived <= self.done:
             self._in_flight = 0.0
             return StepResult(busy=0.0)
@@ -210,6 +213,8 @@ class Fleet:
             if n < idx.size:
                 break
         self.done = start
+        if self.requests.backlog:
+            self._issued = max(self._issued, self.done + self.backlog_window)
         if self.done >= arrived:
             used = spent - self.credit
             self.credit = 0.0

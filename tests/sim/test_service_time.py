@@ -90,7 +90,7 @@ def test_off_grid_lookups_stay_close_to_the_database(
     decode_error = np.abs(h200.decode_step_s(batch, context) / direct_decode - 1)
     prefill_error = np.abs(h200.prefill_s(tokens) / direct_prefill - 1)
     assert np.quantile(decode_error, 0.95) < 0.03 and decode_error.max() < 0.06
-    assert np.quantile(prefill_error, 0.95) < 0.04 and prefill_error.max() < 0.06
+    assert np.quantile(prefill_error, 0.95) < 0.04 and prefill_error.max() < 0.07
 
 
 def test_step_times_are_monotone(h200: ServiceModel) -> None:
@@ -298,10 +298,12 @@ def test_roofline_calibration_against_the_database(spec: ModelSpec, h200: Servic
 def test_database_log_noise_is_filtered(
     h200: ServiceModel, caplog: pytest.LogCaptureFixture
 ) -> None:
-    logger = logging.getLogger("aiconfigurator_core.sdk.perf_database")
+    database = logging.getLogger("aiconfigurator_core.sdk.perf_database")
+    lanes = logging.getLogger("aiconfigurator_core.sdk.attention_lanes")
     with caplog.at_level(logging.WARNING):
-        logger.warning("Loading low-fidelity fallback rows for %s from %s. Queries ...", "t", "p")
-        logger.warning("something else")
+        database.warning("Loading low-fidelity fallback rows for %s from %s. Queries", "t", "p")
+        lanes.warning("resolve_attention_lane_order: no entry for sm_version=%d", 89)
+        database.warning("something else")
     assert [r.getMessage() for r in caplog.records] == ["something else"]
 
 
