@@ -20,6 +20,7 @@ from infra.render import render_documents
 from infra.summary import summarize
 from policy import DEFAULT_POLICY
 from runtime.cli.errors import reported_errors
+from runtime.cli.whatif_commands import replay_demo
 
 console = Console(highlight=False)
 
@@ -78,8 +79,12 @@ def demo(
         Path | None, typer.Option("--out", "-o", help="Directory (default: a new temp dir).")
     ] = None,
     target: TargetOption = "labels",
+    whatif_out: Annotated[
+        Path, typer.Option("--whatif-out", help="Folder of the what-if report, plots and JSON.")
+    ] = Path("build/whatif"),
 ) -> None:
-    """Validate and render the embedded default policy, then summarise what it declares."""
+    """Validate and render the embedded default policy, summarise what it declares, and
+    replay the bundled traces through its closed loop (pooled vs fixed topology)."""
     with reported_errors():
         inputs = load_inputs(DEFAULT_POLICY)
         objects = build_bundle(inputs.policy, target=target, vllm_args=inputs.vllm_args)
@@ -94,6 +99,7 @@ def demo(
         f"{DEFAULT_POLICY}: valid; {len(objects)} objects ({target} target) rendered to {folder}",
         markup=False,
     )
+    replay_demo(whatif_out)
 
 
 def register(app: typer.Typer) -> None:

@@ -304,5 +304,37 @@ def _domain_errors() -> Iterator[None]:
         raise UsageProblem(str(exc)) from None
 
 
+DEMO = Options(
+    prod_trace=None,
+    flex_traces=("azure-code", "mooncake"),
+    backlogs=(),
+    rate_scale=1.0,
+    hours=None,
+    seed=0,
+    layout="trace",
+    fit_production=False,
+    production_rule="duty",
+    prod_target_utilization=0.6,
+    startup_s=300.0,
+    target="labels",
+)
+"""``gpupool demo``: the bundled Alibaba production sample, the Azure code and Mooncake
+flex traces, on a cluster sized to the production trace (docs/whatif.md)."""
+
+
+def replay_demo(out: Path) -> None:
+    """The demo's replay of the embedded policy; report, plots and JSON under ``out``."""
+    with reported_errors(), _domain_errors():
+        result = replay(DEFAULT_POLICY, DEMO, "the bundled traces")
+        names = write_outputs(
+            result,
+            json_out=out / "whatif.json",
+            plots=out,
+            markdown_out=out / "report.md",
+        )
+    print_summary(result, f"What-if on the bundled traces, {result.pooled.hours:g} h")
+    console.print(f"{out}: report.md, whatif.json, {len(names)} plots", markup=False)
+
+
 def register(app: typer.Typer) -> None:
     app.command()(whatif)

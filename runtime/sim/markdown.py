@@ -69,7 +69,8 @@ def check_lines(summary: Summary) -> list[str]:
         (
             "idle flex never asks beyond the GPUs its pool can place",
             c["flex_budget_beyond_pool_gpus_max"] == 0,
-            f"budget beyond placeable GPUs: {c['flex_budget_beyond_pool_gpus_max']:g} (max), flex pods pending: {c['flex_pods_pending_max']:g} (max)",
+            f"budget beyond placeable GPUs: {c['flex_budget_beyond_pool_gpus_max']:g} (max), "
+            f"flex pods pending: {c['flex_pods_pending_max']:g} (max)",
         ),
         (
             "flex never sheds itself while production waits for nothing",
@@ -79,7 +80,8 @@ def check_lines(summary: Summary) -> list[str]:
         (
             "production never waits while flex holds GPUs",
             c["prod_waited_while_flex_ran_pod_minutes"] == 0,
-            f"{c['prod_waited_while_flex_ran_pod_minutes']:.1f} production pod-minutes pending while flex ran",
+            f"{c['prod_waited_while_flex_ran_pod_minutes']:.1f} production pod-minutes "
+            "pending while flex ran",
         ),
     ]
     return [f"- {'holds' if ok else 'VIOLATED'}: {name} ({detail})" for name, ok, detail in items]
@@ -140,7 +142,8 @@ def comparison(
     b, h = base.pooled, head.pooled
 
     def delta(name: str, before: float, after: float, digits: int = 1, unit: str = "") -> str:
-        return f"{name} {before:,.{digits}f} -> {after:,.{digits}f}{unit} ({after - before:+,.{digits}f})"
+        change = after - before
+        return f"{name} {before:,.{digits}f} -> {after:,.{digits}f}{unit} ({change:+,.{digits}f})"
 
     head_line = "; ".join(
         [
@@ -161,7 +164,8 @@ def comparison(
                 rows(b, base.fixed), rows(h, head.fixed), strict=True
             )
         ),
-        f"| pooled / fixed useful tokens/s | {base.throughput_ratio:.2f}x | {head.throughput_ratio:.2f}x |",
+        f"| pooled / fixed useful tokens/s | {base.throughput_ratio:.2f}x "
+        f"| {head.throughput_ratio:.2f}x |",
     ]
     details = [
         "<details><summary>Assumptions and details</summary>",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,7 +161,7 @@ def scenarios(
             out[name] = (policy, states, server)
         yield out
     finally:
-        for _policy, _states_, server in out.values():
+        for *_, server in out.values():
             server.stop()
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from policy import PoolPolicy, load_policy, parse_policy
 from runtime.sim.cluster import Cluster, Node, Phase

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -60,7 +61,7 @@ class ReplayGitHub:
     """Answers each ``METHOD PATH`` with the recorded fixture loaded for it."""
 
     url: str = ""
-    routes: dict[str, dict[str, object]] = field(default_factory=dict)
+    routes: dict[str, dict[str, Any]] = field(default_factory=dict)
     received: list[Received] = field(default_factory=list)
 
     def load(self, *names: str) -> ReplayGitHub:
@@ -100,8 +101,7 @@ def github() -> Iterator[ReplayGitHub]:
                     "status": "404",
                 }
             else:
-                status = int(str(recorded["status"]))
-                headers = dict(recorded["headers"])  # type: ignore[call-overload]
+                status, headers = int(recorded["status"]), dict(recorded["headers"])
                 body = recorded["body"]
             data = json.dumps(body).encode()
             self.send_response(status)
@@ -379,11 +379,7 @@ def test_cli_errors_are_one_line(github: ReplayGitHub, tmp_path: Path) -> None:
         (("--repo", "acme"), TOKEN, "--repo as OWNER/NAME"),
         (("--body-file", str(tmp_path / "missing.md")), TOKEN, "--body-file"),
     ]:
-        result = CliRunner().invoke(
-            app,
-            ["pr-comment", "--repo", REPOSITORY, "--pr", "42", "--body-file", str(body), *args],
-            env={"GITHUB_TOKEN": token, "GITHUB_API_URL": github.url},
-        )
+        result = _cli(github, body, *args, token=token)  # a repeated option: the last wins
         assert result.exit_code == 1, result.output
         assert len(result.stderr.splitlines()) == 1 and expected in result.stderr
     assert github.received == []  # validated before any request

@@ -1,0 +1,149 @@
+"""``gpupool whatif`` and ``demo`` as a user runs them: outputs, refs, and bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from policy import DEFAULT_POLICY
+from runtime.cli.app import app
+from runtime.sim.markdown import MARKER
+
+runner = CliRunner()
+
+
+def _policy_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "policy"
+    shutil.copytree(DEFAULT_POLICY.parent / "models", folder / "models")
+    shutil.copy(DEFAULT_POLICY, folder / "pool.yaml")
+    return folder / "pool.yaml"
+
+
+def test_whatif_writes_json_markdown_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app,
+        [
+            "whatif",
+            "--policy",
+            str(_policy_copy(tmp_path)),
+            "--hours",
+            "1",
+            "--json",
+            str(out / "r.json"),
+            "--plots",
+            str(out),
+            "--markdown",
+            str(out / "r.md"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "r.json").read_text())
+    assert data["pooled"]["hours"] == 1.0 and data["throughput_ratio"] > 0
+    text = (out / "r.md").read_text()
+    assert "useful tokens/s" in text and "aiconfigurator-core" in text
+    assert {p.name for p in out.glob("*.png")} == {"gpus.png", "utilization.png", "evictions.png"}
+
+
+def test_base_and_head_refs_give_one_pr_comment(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    policy = _policy_copy(repo)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@e"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    policy.write_text(policy.read_text().replace("max_replicas: 8", "max_replicas: 4"))
+    subprocess.run([*git, "commit", "-qam", "head"], check=True)
+    comment = tmp_path / "comment.md"
+    result = runner.invoke(
+        app,
+        [
+            "whatif",
+            "--repo",
+            str(repo),
+            "--base",
+            "HEAD~1",
+            "--head",
+            "HEAD",
+            "--hours",
+            "1",
+            "--markdown",
+            str(comment),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    text = comment.read_text()
+    assert text.startswith(MARKER) and "`HEAD~1` -> `HEAD`" in text
+    assert "harvested GPU-h" in text and len(text) < 65_000
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("value,timestamp_anon,container_ip\n50,60,a\nx,120,a\n", ":3: value:"),
+        ("when,gpus\n1,2\n", ":1:"),
+        ("value,timestamp_anon,container_ip\n", "expected at least one data row"),
+    ],
+)
+def test_bad_production_trace_is_one_line_and_writes_nothing(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    trace = tmp_path / "prod.csv"
+    trace.write_text(content)
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app,
+        ["whatif", "--prod-trace", str(trace), "--json", str(out / "r.json"), "--plots", str(out)],
+    )
+    assert result.exit_code == 1
+    assert message in result.output and "prod.csv" in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_production_larger_than_the_cluster_is_refused_with_the_minute(tmp_path: Path) -> None:
+    trace = tmp_path / "demand.csv"
+    trace.write_text("timestamp,gpus_demanded\n0,10\n60,10\n120,500\n180,10\n")
+    result = runner.invoke(
+        app, ["whatif", "--prod-trace", str(trace), "--production-rule", "held", "--hours", "0.1"]
+    )
+    assert result.exit_code == 1
+    assert "at minute 2 production holds 500 GPUs" in result.output
+    assert "--fit-production" in result.output
+    fitted = runner.invoke(
+        app,
+        [
+            "whatif",
+            "--prod-trace",
+            str(trace),
+            "--production-rule",
+            "held",
+            "--hours",
+            "0.1",
+            "--fit-production",
+        ],
+    )
+    assert fitted.exit_code == 0, fitted.output
+
+
+def test_a_refused_policy_never_replays(tmp_path: Path) -> None:
+    policy = _policy_copy(tmp_path)
+    policy.write_text(policy.read_text().replace("shed_above: 0.65", "shed_above: 0.2"))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["whatif", "--policy", str(policy), "--plots", str(out)])
+    assert result.exit_code == 1
+    assert "pool.yaml:" in result.output and "scale_up_below" in result.output
+    assert not out.exists()
+
+
+def test_unknown_gpu_model_is_one_line(tmp_path: Path) -> None:
+    policy = _policy_copy(tmp_path)
+    policy.write_text(policy.read_text().replace("gpu_model: NVIDIA-H200", "gpu_model: Acme-X1"))
+    result = runner.invoke(app, ["whatif", "--policy", str(policy), "--hours", "0.1"])
+    assert result.exit_code == 1
+    assert "Acme-X1" in result.output and "Traceback" not in result.output
