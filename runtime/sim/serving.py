@@ -132,6 +132,29 @@ class Fleet:
     _in_flight: float = 0.0
     _mean_context: float = 0.0
     _issued: int = 0
+    _cold_prefill: Array = field(init=False)
+    """Prefill seconds of each request without cache hits, computed once: most requests of
+    most streams hit nothing, and costing them again every step dominated the replay."""
+
+    _sums: tuple[Array, ...] | None = field(init=False)
+    """Streams without prefix data: running sums of (cold prefill, output, prompt, queried
+    prompt) per request, so a step's completions are found by bisection, not by costing every
+    request it serves."""
+
+    def __post_init__(self) -> None:
+        r = self.requests
+        self._cold_prefill = np.asarray(
+            self.latencies.prefill_s(r.input_tokens.astype(np.float64)), dtype=np.float64
+        )
+        self._sums = None
+        if not r.prefix_tokens.any():
+            columns = (
+                self._cold_prefill,
+                r.output_tokens.astype(np.float64),
+                r.input_tokens.astype(np.float64),
+                np.where(r.hashed, r.input_tokens, 0).astype(np.float64),
+            )
+            self._sums = tuple(np.concatenate([[0.0], np.cumsum(c)]) for c in columns)
 
     @classmethod
     def admit(
@@ -192,26 +215,10 @@ class Fleet:
         capacity = replicas * dt
         budget = self.credit + capacity
         result = StepResult(busy=0.0)
-        spent = 0.0
-        start = self.done
-        while start < arrived:
-            idx = self._index(start, min(arrived, start + CHUNK))
-            hits = self._hits(idx, now)
-            cost = self.latencies.prefill_s(r.input_tokens[idx] - hits)
-            total = np.cumsum(cost + r.output_tokens[idx] * per_token) + spent
-            n = int(np.searchsorted(total, budget, side="right"))
-            if n:
-                served = idx[:n]
-                result.completed += n
-                result.output_tokens += int(r.output_tokens[served].sum())
-                result.prompt_tokens += int(r.input_tokens[served].sum())
-                hashed = r.hashed[served]
-                result.hit_tokens += float(hits[:n][hashed].sum())
-                result.query_tokens += int(r.input_tokens[served][hashed].sum())
-                spent = float(total[n - 1])
-            start += n
-            if n < idx.size:
-                break
+        if self._sums is not None:
+            start, spent = self._take_by_sums(arrived, budget, per_token, result)
+        else:
+            start, spent = self._take_by_chunks(arrived, budget, per_token, now, result)
         self.done = start
         if self.requests.backlog:
             self._issued = max(self._issued, self.done + self.backlog_window)
@@ -228,6 +235,75 @@ class Fleet:
         inserted = (result.prompt_tokens - result.hit_tokens) / dt
         self._retention_s = free_tokens / inserted if inserted > 0 else math.inf
         return result
+
+    def _take_by_chunks(
+        self, arrived: int, budget: float, per_token: float, now: float, result: StepResult
+    ) -> tuple[int, float]:
+        """Complete requests in order while their cost (with cache hits) fits ``budget``."""
+        r = self.requests
+        spent = 0.0
+        start = self.done
+        while start < arrived:
+            idx = self._index(start, min(arrived, start + CHUNK))
+            hits = self._hits(idx, now)
+            cost = self._cold_prefill[idx]
+            warm = hits > 0
+            if warm.any():
+                cost = cost.copy()
+                cost[warm] = self.latencies.prefill_s(r.input_tokens[idx][warm] - hits[warm])
+            total = np.cumsum(cost + r.output_tokens[idx] * per_token) + spent
+            n = int(np.searchsorted(total, budget, side="right"))
+            if n:
+                served = idx[:n]
+                result.completed += n
+                result.output_tokens += int(r.output_tokens[served].sum())
+                result.prompt_tokens += int(r.input_tokens[served].sum())
+                hashed = r.hashed[served]
+                result.hit_tokens += float(hits[:n][hashed].sum())
+                result.query_tokens += int(r.input_tokens[served][hashed].sum())
+                spent = float(total[n - 1])
+            start += n
+            if n < idx.size:
+                break
+        return start, spent
+
+    def _take_by_sums(
+        self, arrived: int, budget: float, per_token: float, result: StepResult
+    ) -> tuple[int, float]:
+        """``_take_by_chunks`` for streams that never hit the cache, by bisection on sums."""
+        assert self._sums is not None
+        sums, n = self._sums, len(self.requests)
+
+        def at(i: int) -> tuple[float, ...]:
+            if not self.requests.backlog:
+                return tuple(float(c[i]) for c in sums)
+            cycles, rest = divmod(i, n)
+            return tuple(cycles * float(c[-1]) + float(c[rest]) for c in sums)
+
+        base = at(self.done)
+
+        def cost(m: int) -> float:
+            prefill, output, *_ = at(self.done + m)
+            return (prefill - base[0]) + per_token * (output - base[1])
+
+        limit = arrived - self.done
+        if cost(limit) <= budget:
+            m = limit
+        else:
+            low, probe = 0, 1
+            while probe < limit and cost(probe) <= budget:
+                low, probe = probe, probe * 2
+            high = min(probe, limit)
+            while high - low > 1:
+                mid = (low + high) // 2
+                low, high = (mid, high) if cost(mid) <= budget else (low, mid)
+            m = low
+        end = at(self.done + m)
+        result.completed += m
+        result.output_tokens += round(end[1] - base[1])
+        result.prompt_tokens += round(end[2] - base[2])
+        result.query_tokens += round(end[3] - base[3])
+        return self.done + m, cost(m)
 
     def _hits(self, idx: NDArray[np.int64], now: float) -> Array:
         r = self.requests

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from policy import PoolPolicy, load_policy, parse_policy
 from runtime.sim.cluster import Cluster, Node, Phase
 from runtime.sim.engine import FlexInput, Layout, Settings, replay_fixed, replay_pooled
 from runtime.sim.report import summarize
-from runtime.sim.serving import Requests
+from runtime.sim.serving import Fleet, Requests
 from runtime.sim.traces import ProductionTrace, diurnal
 
 
@@ -214,3 +215,82 @@ def test_busy_flex_with_idle_production_is_reported_when_it_sheds_itself() -> No
     pooled, _ = _run(policy, _flat(1, 0.0), _stream(64, backlog=True))
     checks = summarize(pooled, policy).checks
     assert checks["flex_self_shed_minutes"] > 0
+
+
+@pytest.mark.parametrize("backlog", [False, True])
+def test_bisection_on_sums_serves_what_costing_each_request_serves(backlog: bool) -> None:
+    """Streams without prefix data take the running-sum path; it must match the per-request
+    path step by step (same completions and tokens, the same carried credit)."""
+    streams = [_stream(5_000, backlog=backlog, spacing_s=0.05) for _ in range(2)]
+    fleets = [
+        Fleet.admit(
+            s,
+            max_model_len=8192,
+            latencies=Latencies(),
+            kv_tokens=100_000,
+            max_num_seqs=64,
+            preservation=False,
+            backlog_window=512,
+        )
+        for s in streams
+    ]
+    fast, slow = fleets
+    assert fast._sums is not None
+    slow._sums = None
+    for step, replicas in enumerate([1, 3, 3, 0, 8, 2, 5, 5, 1, 4] * 3):
+        a = fast.serve(step * 15.0, 15.0, replicas)
+        b = slow.serve(step * 15.0, 15.0, replicas)
+        assert (a.completed, a.output_tokens, a.prompt_tokens, a.query_tokens) == (
+            b.completed,
+            b.output_tokens,
+            b.prompt_tokens,
+            b.query_tokens,
+        ), step
+        assert a.busy == pytest.approx(b.busy, rel=1e-9)
+        assert fast.credit == pytest.approx(slow.credit, rel=1e-9, abs=1e-9)
+    assert fast.done == slow.done > 0
+
+
+def test_ties_break_by_creation_order_not_by_memory_layout() -> None:
+    """Pods created in the same step are ordered by uid (sets iterate by address), so a
+    replay gives the same result in every process."""
+    cluster = Cluster({"p": [Node("n", "p", 8, 8)]}, shutdown_s=30, pdb_min_available=0)
+    pods = [
+        cluster.create(
+            owner="a",
+            production=False,
+            gpus=1,
+            priority=-1,
+            may_preempt=False,
+            pools=("p",),
+            now=0,
+            startup_s=0,
+        )
+        for _ in range(6)
+    ]
+    cluster.schedule(0)
+    assert cluster.scale_down_order(reversed(pods)) == pods[::-1]
+    assert cluster.scale_down_order(pods) == pods[::-1]
+    top = cluster.create(
+        owner="b",
+        production=True,
+        gpus=3,
+        priority=10,
+        may_preempt=True,
+        pools=("p",),
+        now=1,
+        startup_s=0,
+    )
+    cluster.create(
+        owner="c",
+        production=True,
+        gpus=5,
+        priority=10,
+        may_preempt=True,
+        pools=("p",),
+        now=1,
+        startup_s=0,
+    )
+    evicted = [e.pod for e in cluster.schedule(1)]
+    assert top.nominated is not None or top.phase is Phase.STARTING
+    assert evicted == sorted(evicted, key=lambda p: -p.uid)
