@@ -152,7 +152,7 @@ class Cluster:
     def scale_down_order(self, pods: Iterable[Pod]) -> list[Pod]:
         """The ReplicaSet controller's deletion order: unbound, then not ready, then newest."""
         rank = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.RUNNING: 2}
-        return sorted(pods, key=lambda p: (rank[p.phase], -p.created))
+        return sorted(pods, key=lambda p: (rank[p.phase], -p.created, -p.uid))
 
     def _drop(self, pod: Pod) -> None:
         self._nominate(pod, None)
@@ -255,7 +255,7 @@ class Cluster:
                 for p in node.pods
                 if p.priority < pod.priority and p.phase in (Phase.STARTING, Phase.RUNNING)
             ),
-            key=lambda p: (p.priority, -p.created),
+            key=lambda p: (p.priority, -p.created, -p.uid),
         )
         if available + sum(p.gpus for p in candidates) < pod.gpus:
             return None
