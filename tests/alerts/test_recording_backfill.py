@@ -17,7 +17,6 @@ Cluster (test policy: pools gpu-prod = node n1, gpu-flex = node n2, 2 GPUs each;
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import pytest
 from policy import PoolPolicy, parse_policy
 from runtime.metrics import catalogue as c
 from tests.alerts.test_e2e import query
-from tests.harness.servers import Server, require_binary, start_prometheus
+from tests.harness.servers import Server, backfill, start_prometheus
 
 T0 = 1_700_000_000
 STEP_S = 30
@@ -132,23 +131,8 @@ def openmetrics() -> str:
 @pytest.fixture(scope="module")
 def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("backfill")
-    source = workdir / "scenario.om"
-    source.write_text(openmetrics())
     data = workdir / "data"
-    result = subprocess.run(
-        [
-            require_binary("promtool"),
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            str(source),
-            str(data),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    backfill(openmetrics(), workdir, data)
     server = start_prometheus(json.dumps({"global": {}}), workdir / "prom", data_dir=data)
     yield server
     server.stop()

@@ -122,6 +122,27 @@ def start_prometheus(config: str, workdir: Path, *, data_dir: Path | None = None
     )
 
 
+def backfill(text: str, workdir: Path, data_dir: Path) -> None:
+    """Write OpenMetrics ``text`` and turn it into TSDB blocks under ``data_dir`` (promtool)."""
+    source = workdir / "series.om"
+    source.write_text(text)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        [
+            require_binary("promtool"),
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            str(source),
+            str(data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def start_alertmanager(config: str, workdir: Path) -> Server:
     """Alertmanager with ``config`` (YAML text), clustering off."""
     binary = (

@@ -11,7 +11,6 @@ default and one with a flex reserve, so the reserve floor is exercised too.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 
 import numpy as np
@@ -24,7 +23,7 @@ from runtime.sim.engine import FlexInput, Layout, Settings, replay_pooled
 from runtime.sim.serving import Requests
 from runtime.sim.traces import diurnal
 from tests.alerts.test_e2e import query
-from tests.harness.servers import Server, require_binary, start_prometheus
+from tests.harness.servers import Server, backfill, start_prometheus
 
 T0 = 1_750_000_000
 STATES = 48
@@ -140,23 +139,8 @@ def scenarios(
         for name, policy in _policies().items():
             workdir = tmp_path_factory.mktemp(f"budget-{name}")
             states = _states(policy)
-            source = workdir / "states.om"
-            source.write_text(_openmetrics(policy, states))
             data = workdir / "data"
-            result = subprocess.run(
-                [
-                    require_binary("promtool"),
-                    "tsdb",
-                    "create-blocks-from",
-                    "openmetrics",
-                    str(source),
-                    str(data),
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            assert result.returncode == 0, result.stdout + result.stderr
+            backfill(_openmetrics(policy, states), workdir, data)
             server = start_prometheus(json.dumps({"global": {}}), workdir / "prom", data_dir=data)
             out[name] = (policy, states, server)
         yield out

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.servers import REPO, Server, start_prometheus
+from tests.harness.servers import REPO, Server, backfill, start_prometheus
 from tests.tuner import scenarios
 
 
 @pytest.fixture(scope="session")
 def scenario_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("tuner-prometheus")
-    scenarios.backfill(scenarios.openmetrics(), workdir, workdir / "data")
+    backfill(scenarios.openmetrics(), workdir, workdir / "data")
     server = start_prometheus(scenarios.PROMETHEUS_CONFIG, workdir, data_dir=workdir / "data")
     yield server
     server.stop()

@@ -8,14 +8,11 @@ one Prometheus holds them all and a cycle evaluated at a scenario's end sees onl
 from __future__ import annotations
 
 import math
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from runtime.metrics import catalogue
 from runtime.tuner import signals
-from tests.harness.servers import require_binary
 
 T0 = 1_767_225_600
 """2026-01-01T00:00:00Z: the first scenario starts here."""
@@ -113,26 +110,6 @@ def openmetrics() -> str:
         lines.append(f"# TYPE {name} gauge")
         lines += sorted(samples, key=lambda line: (line.split(" ")[0], int(line.split(" ")[2])))
     return "\n".join([*lines, "# EOF"]) + "\n"
-
-
-def backfill(text: str, workdir: Path, data_dir: Path) -> None:
-    """Write ``text`` and turn it into TSDB blocks under ``data_dir``."""
-    source = workdir / "series.om"
-    source.write_text(text)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            require_binary("promtool"),
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            str(source),
-            str(data_dir),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
 
 
 PROMETHEUS_CONFIG = "global:\n  scrape_interval: 30s\n"
