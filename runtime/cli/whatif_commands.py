@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from policy import DEFAULT_POLICY, load_policy
+from policy import DEFAULT_POLICY, PoolPolicy, load_policy
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.sim import markdown, output
 from runtime.sim.engine import ProductionRule, Settings
@@ -89,12 +89,10 @@ def _split(value: str, default: str) -> tuple[str, str]:
     return (workload, path) if sep and "/" not in workload else (default, value)
 
 
-def build_whatif(options: Options, policy_file: Path) -> WhatIf:
+def build_whatif(options: Options, policy: PoolPolicy) -> WhatIf:
     """Parse every trace before anything runs (bad input fails here, nothing written)."""
-    policy = load_policy(policy_file)
-    if not policy.workloads:
-        raise WhatIfError(f"{policy_file}: the policy declares no flex workloads")
-    first = policy.workloads[0].name
+    # Without workloads there is nothing to name; ``whatif.run`` refuses such a policy.
+    first = policy.workloads[0].name if policy.workloads else ""
     production = _production(options.prod_trace, options.seed, policy.prod_pool.gpu_capacity)
     traces: dict[str, list[FlexTrace]] = {}
     flex_specs = options.flex_traces
@@ -123,8 +121,8 @@ def build_whatif(options: Options, policy_file: Path) -> WhatIf:
 
 def replay(policy_file: Path, options: Options, label: str) -> Result:
     """Load the policy and the traces, then run both replays with a progress bar."""
-    whatif = build_whatif(options, policy_file)
     policy = load_policy(policy_file)
+    whatif = build_whatif(options, policy)
     with RichProgress(console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task(f"replaying {label}", total=whatif.settings.steps)
         return run(

@@ -16,7 +16,7 @@ Definitions (docs/whatif.md repeats them for readers of a report):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -123,7 +123,3 @@ def summarize(replay: Replay, policy: PoolPolicy) -> Summary:
 
 def _means(series: dict[str, list[float]]) -> dict[str, float]:
     return {pool: float(np.mean(v)) if v else 0.0 for pool, v in series.items()}
-
-
-def as_json(summary: Summary) -> dict[str, object]:
-    return asdict(summary)

@@ -30,8 +30,8 @@ Where the numbers come from, in order of preference:
    weights; KV bytes are per rank already), with ``F`` dense bf16 FLOP/s and ``BW`` HBM bytes/s
    from the vendor datasheet (``GPU_SPECS``), ``P = spec.param_count / tp`` parameters,
    ``W = spec.weight_bytes_per_rank(tp)`` weight bytes and ``K`` KV bytes per token (all
-   layers, this rank: ``kv_heads_per_rank(tp) x kv_width x dtype bytes x num_layers``, the
-   product ``runtime.vllm.plan.plan_kv_cache`` uses, with ``--kv-cache-dtype auto``)::
+   layers, this rank: ``ModelSpec.kv_bytes_per_token_per_layer`` x layers, as
+   ``runtime.vllm.plan.plan_kv_cache`` sizes pages, with ``--kv-cache-dtype auto``)::
 
        prefill(n)        = 2 P n / (F MFU) + W / BW
        decode_step(b, c) = (W + b c K) / (BW MBU) + 2 P b / (F MFU)
@@ -524,7 +524,7 @@ def _roofline_tables(gpu: GpuSpec, spec: ModelSpec, tp: int, max_context: int) -
     bandwidth = gpu.hbm_gbps * 1e9 * MBU
     params = spec.param_count / tp
     weights = float(spec.weight_bytes_per_rank(tp))
-    kv_per_token = spec.kv_heads_per_rank(tp) * spec.kv_width * spec.dtype_bytes * spec.num_layers
+    kv_per_token = spec.kv_bytes_per_token_per_layer(tp, spec.dtype) * spec.num_layers
 
     def decode(b: float, c: float) -> float:
         return (weights + b * c * kv_per_token) / bandwidth + 2 * params * b / flops

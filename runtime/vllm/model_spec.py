@@ -90,6 +90,10 @@ class ModelSpec:
             return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
         return 2 * self.head_dim
 
+    def kv_bytes_per_token_per_layer(self, tp: int, kv_dtype: str) -> int:
+        """KV bytes one token takes in one layer on one rank (vLLM's page size per token)."""
+        return self.kv_heads_per_rank(tp) * self.kv_width * DTYPE_BYTES[kv_dtype]
+
     def weight_bytes_per_rank(self, tp: int) -> int:
         """Weight bytes on one GPU when the model is split over ``tp`` ranks."""
         return self.param_count * self.dtype_bytes // tp

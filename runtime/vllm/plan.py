@@ -14,7 +14,7 @@ from typing import Any
 from policy import PoolPolicy
 from policy.workloads import AttentionBackend, FlexWorkload
 from runtime.vllm.backends import BlockRule, block_rule, check_block_size
-from runtime.vllm.model_spec import DTYPE_BYTES, ModelSpec
+from runtime.vllm.model_spec import ModelSpec
 
 GIB = 1024**3
 
@@ -219,7 +219,7 @@ def plan_kv_cache(
     gpu_bytes = gpu_memory_bytes or int(pool.gpu_memory_gib * GIB)
     rule = block_rule(backend or workload.attention_backend, model.mla is not None)
     kv_dtype = model.dtype if kv.cache_dtype == "auto" else kv.cache_dtype
-    per_token = model.kv_heads_per_rank(tp) * model.kv_width * DTYPE_BYTES[kv_dtype]
+    per_token = model.kv_bytes_per_token_per_layer(tp, kv_dtype)
     ideal = kv.page_bytes_target / per_token
     block_size = rule.nearest(ideal)
     check_block_size(rule, block_size)
