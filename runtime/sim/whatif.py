@@ -111,18 +111,7 @@ def run(
         window = layout.max_replicas[w.name] * w.max_num_seqs * 2 if demand.backlog else 0
         flex.append(FlexInput(w, requests, plan.max_concurrent_tokens, model, window))
     reference = flex[0]
-    context = (
-        float(np.mean(reference.requests.input_tokens + reference.requests.output_tokens / 2))
-        if len(reference.requests)
-        else 1024.0
-    )
-    per_gpu = (
-        services[reference.workload.name].saturated_tokens_per_s(
-            max_num_seqs=reference.workload.max_num_seqs,
-            context=min(context, reference.workload.max_model_len),
-        )
-        / reference.workload.gpus_per_replica
-    )
+    per_gpu = _production_tokens_per_gpu_s(reference, services[reference.workload.name])
     pooled = replay_pooled(
         policy, layout, production, flex, settings, prod_tokens_per_gpu_s=per_gpu, progress=progress
     )
@@ -152,6 +141,19 @@ def run(
         assumptions,
         {n: m.source for n, m in services.items()},
     )
+
+
+def _production_tokens_per_gpu_s(reference: FlexInput, model: ServiceModel) -> float:
+    """Generated tokens/s of one saturated replica of the first workload, per GPU, at its
+    requests' mean context (half of ``max_model_len`` when it has no requests)."""
+    w, r = reference.workload, reference.requests
+    context = (
+        float(np.mean(r.input_tokens + r.output_tokens / 2)) if len(r) else w.max_model_len / 2
+    )
+    rate = model.saturated_tokens_per_s(
+        max_num_seqs=w.max_num_seqs, context=min(context, w.max_model_len)
+    )
+    return rate / w.gpus_per_replica
 
 
 def _requests(demand: Demand, horizon_s: float) -> Requests:
