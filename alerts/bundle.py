@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from alerts import capacity, evictions, gpu, kv_cache, recording, staleness
+from alerts import capacity, evictions, gpu, kv_cache, prerequisites, recording, staleness
 from alerts.rules import Group, with_runbooks_and_labels
 from policy.pool import PoolPolicy
 from runtime.metrics.catalogue import Catalogue, build_catalogue
@@ -18,6 +18,7 @@ CONCERNS: dict[str, Concern] = {
     "evictions": evictions.groups,
     "capacity": capacity.groups,
     "staleness": staleness.groups,
+    "prerequisites": prerequisites.groups,
 }
 """Rule file stem -> the module that builds its groups (one file per concern)."""
 

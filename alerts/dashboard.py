@@ -11,9 +11,14 @@ from runtime.metrics.catalogue import (
     FLEX_GPU_BUDGET,
     FLEX_HEADROOM_GPUS,
     GPU_MEMORY_USED,
+    GPU_UTILIZATION,
     KV_CACHE_HIT_RATE,
     KV_CACHE_USAGE,
     POOL_GPU_UTILIZATION,
+    PROD_PODS_PENDING,
+    PRODUCTION_GPU_UTILIZATION,
+    SPARE_GPUS,
+    UNALLOCATED_GPUS,
     num,
 )
 
@@ -64,15 +69,44 @@ def _panel(
 
 
 def dashboard(policy: PoolPolicy) -> dict[str, Any]:
-    """The dashboard JSON model; thresholds drawn from the policy."""
+    """The dashboard JSON model; thresholds drawn from the policy, nodes named by
+    ``metrics.gpu_node_label`` (the dcgm-exporter label) or ``node`` (joined series)."""
     e, t = policy.elastic, policy.alerting.thresholds
     ns = policy.cluster.flex_namespace
+    node = policy.metrics.gpu_node_label
+    band = [e.grow_while_production_below, e.shed_while_production_above]
     panels = [
+        (
+            "Production GPU utilization vs the grow/shed band",
+            [
+                (PRODUCTION_GPU_UTILIZATION, "production (grow/shed signal)"),
+                (CLUSTER_GPU_UTILIZATION, "all GPUs (flex included)"),
+            ],
+            "percentunit",
+            band,
+        ),
+        (
+            "Unallocated, spare and flex headroom GPUs",
+            [
+                (UNALLOCATED_GPUS, "{{pool}} unallocated"),
+                (SPARE_GPUS, "spare beyond reserves and pending production"),
+                (FLEX_HEADROOM_GPUS, "{{pool}} flex headroom"),
+                (PROD_PODS_PENDING, "unschedulable production pods"),
+            ],
+            "short",
+            None,
+        ),
         (
             "GPU utilization by pool",
             [(POOL_GPU_UTILIZATION, "{{pool}}"), (CLUSTER_GPU_UTILIZATION, "cluster")],
             "percentunit",
-            [e.scale_up_below, e.shed_above],
+            None,
+        ),
+        (
+            "GPU utilization by node",
+            [(f"avg by (node, pool) ({GPU_UTILIZATION})", "{{node}} ({{pool}})")],
+            "percentunit",
+            None,
         ),
         (
             "Flex replicas and GPU budget",
@@ -82,14 +116,14 @@ def dashboard(policy: PoolPolicy) -> dict[str, Any]:
                     "{{deployment}} replicas",
                 ),
                 (FLEX_GPU_BUDGET, "{{workload}} budget (GPUs)"),
-                (FLEX_HEADROOM_GPUS, "{{pool}} idle GPUs"),
+                (FLEX_HEADROOM_GPUS, "{{pool}} headroom (GPUs)"),
             ],
             "short",
             None,
         ),
         (
             "Flex evictions per minute",
-            [(FLEX_EVICTIONS, "{{namespace}}")],
+            [(FLEX_EVICTIONS, "{{namespace}} {{reason}}")],
             "short",
             [t.flex_eviction_rate.per_minute_max],
         ),
@@ -102,11 +136,12 @@ def dashboard(policy: PoolPolicy) -> dict[str, Any]:
         ),
         (
             "GPU memory used",
-            [(GPU_MEMORY_USED, "{{Hostname}} GPU {{gpu}}")],
+            [(GPU_MEMORY_USED, f"{{{{{node}}}}} GPU {{{{gpu}}}}")],
             "percentunit",
             [t.gpu_memory_pressure.max],
         ),
     ]
+    grow, shed = num(e.grow_while_production_below), num(e.shed_while_production_above)
     return {
         "uid": f"gpupool-{policy.cluster.name}"[:40],
         "title": f"gpupool: {policy.cluster.name}",
@@ -126,7 +161,7 @@ def dashboard(policy: PoolPolicy) -> dict[str, Any]:
                 }
             ]
         },
-        "description": f"Recorded series of the gpupool catalogue; thresholds from the policy "
-        f"(grow below {num(e.scale_up_below)}, shed above {num(e.shed_above)}).",
+        "description": "Recorded series of the gpupool catalogue; thresholds from the policy "
+        f"(flex grows while production's GPU utilization is below {grow}, sheds above {shed}).",
         "panels": [_panel(i, *spec) for i, spec in enumerate(panels)],
     }

@@ -6,8 +6,11 @@
   operator loads for the Alertmanager of that name. A Secret (not an ``AlertmanagerConfig``
   CRD) because the CRD forces a ``namespace`` matcher onto every route, which would drop the
   cluster-wide alerts, and because the same file is what ``amtool`` checks in the tests.
-- ``ConfigMap`` of prometheus-adapter ``externalRules`` serving the HPA's External metric.
 - ``ConfigMap`` labelled ``grafana_dashboard: "1"`` holding the dashboard JSON.
+
+The prometheus-adapter rules are NOT an object here: the cluster's one adapter reads one
+``config.yaml``, and a ConfigMap of gpupool's would replace the owner's rules. They are
+rendered as a fragment to merge (``alerts.adapter``, ``infra.render.adapter_documents``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from alerts.adapter import adapter_config
 from alerts.bundle import all_groups
 from alerts.dashboard import dashboard
 from alerts.routing import alertmanager_config
@@ -33,7 +35,7 @@ def _metadata(policy: PoolPolicy, name: str, extra: dict[str, str] | None = None
 
 
 def monitoring_objects(policy: PoolPolicy) -> list[dict[str, Any]]:
-    """PrometheusRule, Alertmanager config Secret, adapter ConfigMap, dashboard ConfigMap."""
+    """PrometheusRule, Alertmanager config Secret, dashboard ConfigMap."""
     return [
         {
             "apiVersion": "monitoring.coreos.com/v1",
@@ -49,12 +51,6 @@ def monitoring_objects(policy: PoolPolicy) -> list[dict[str, Any]]:
             "stringData": {
                 "alertmanager.yaml": to_yaml(alertmanager_config(policy), sort_keys=False)
             },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": _metadata(policy, "gpupool-adapter-rules"),
-            "data": {"config.yaml": to_yaml(adapter_config(), sort_keys=False)},
         },
         {
             "apiVersion": "v1",

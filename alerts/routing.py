@@ -1,8 +1,11 @@
 """Alertmanager configuration from ``policy.alerting.routing``.
 
 Tuner triggers (alerts labelled ``gpupool_tuner="true"``) go to the tuner's receiver first and
-``continue`` on to the severity routes, so people still hear them. Critical inhibits warning
-for the same alertname and namespace. The tuner refuses unauthenticated webhooks, so its
+``continue`` on to the severity routes, so people still hear them. A critical alert inhibits
+the warning of the same alertname and namespace only for alert names the generated rules
+define at both severities (``paired_alertnames``): an inhibit rule with no such pair would
+match nothing and only mislead. Each alert's severity is one policy knob, so today there are
+no pairs and no inhibit rules. The tuner refuses unauthenticated webhooks, so its
 receiver sends the bearer token from ``policy.tuner.webhook_credentials_file`` (the Secret
 ``tuner.webhook_token_secret``, which the Alertmanager resource must list in ``spec.secrets``).
 """
@@ -11,9 +14,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.rules import TUNER_LABEL
+from alerts.bundle import all_groups
+from alerts.rules import TUNER_LABEL, Group
 from policy.alerting import Receiver
 from policy.pool import PoolPolicy
+
+
+def paired_alertnames(groups: list[Group]) -> list[str]:
+    """Alert names that some rule defines as ``critical`` and another as ``warning``."""
+    severities: dict[str, set[str]] = {}
+    for g in groups:
+        for rule in g["rules"]:
+            if "alert" in rule:
+                severities.setdefault(rule["alert"], set()).add(rule["labels"]["severity"])
+    return sorted(n for n, s in severities.items() if {"critical", "warning"} <= s)
+
+
+def inhibit_rules(groups: list[Group]) -> list[dict[str, Any]]:
+    """Critical inhibits warning (same alertname and namespace), for paired names only."""
+    names = paired_alertnames(groups)
+    if not names:
+        return []
+    only = f'alertname=~"{"|".join(names)}"'
+    return [
+        {
+            "source_matchers": ['severity="critical"', only],
+            "target_matchers": ['severity="warning"', only],
+            "equal": ["alertname", "namespace"],
+        }
+    ]
 
 
 def alertmanager_config(policy: PoolPolicy) -> dict[str, Any]:
@@ -41,13 +70,7 @@ def alertmanager_config(policy: PoolPolicy) -> dict[str, Any]:
             "repeat_interval": routing.repeat_interval,
             "routes": routes,
         },
-        "inhibit_rules": [
-            {
-                "source_matchers": ['severity="critical"'],
-                "target_matchers": ['severity="warning"'],
-                "equal": ["alertname", "namespace"],
-            }
-        ],
+        "inhibit_rules": inhibit_rules(all_groups(policy)),
         "receivers": [
             {"name": r.name, "webhook_configs": [_webhook(policy, r)]} for r in routing.receivers
         ],

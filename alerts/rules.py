@@ -27,15 +27,21 @@ def alert(
     summary: str,
     description: str,
     tuner_trigger: bool = False,
+    keep_firing_for: str | None = None,
 ) -> Rule:
-    """An alerting rule whose ``for:`` and ``severity`` come from the policy's ``knobs``."""
+    """An alerting rule whose ``for:`` and ``severity`` come from the policy's ``knobs``.
+
+    ``keep_firing_for`` (a Prometheus duration; Prometheus >= 2.42) keeps a firing alert
+    firing that long after its condition clears; ``None`` leaves the key out.
+    """
     labels: dict[str, str] = {"severity": knobs.severity}
     if tuner_trigger:
         labels[TUNER_LABEL] = "true"
+    rule: Rule = {"alert": name, "expr": expr, "for": knobs.for_}
+    if keep_firing_for is not None:
+        rule["keep_firing_for"] = keep_firing_for
     return {
-        "alert": name,
-        "expr": expr,
-        "for": knobs.for_,
+        **rule,
         "labels": labels,
         "annotations": {"summary": summary, "description": description},
     }

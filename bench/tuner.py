@@ -4,14 +4,14 @@
 
 Backfills 30 minutes of per-GPU dcgm-exporter series (``DCGM_FI_DEV_GPU_UTIL`` and
 ``DCGM_FI_DEV_FB_USED``, one series per GPU) plus the recorded ``gpupool:*`` series the
-tuner reads (per workload where the catalogue records per workload), starts a real
-Prometheus on it, and times, in the same run:
+tuner reads (per workload or instance where the catalogue records so, evictions per
+reason), starts a real Prometheus on it, and times, in the same run:
 
 - baseline: one instant query of one recorded series;
 - the tuner's cycle (``run_cycle`` in dry-run: git read, one range-selector query per
   series, decisions, YAML edit and PR text), and one committing cycle;
 - reference: the cluster-utilization window computed from the raw per-GPU series with the
-  catalogue's standalone query (what the cycle would cost without recording rules).
+  catalogue's standalone query (what one window costs without recording rules).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from policy import load_policy
 from runtime.metrics import catalogue
+from runtime.metrics.evictions import PRECEDENCE
 from runtime.tuner.cycle import CycleReport, Target, run_cycle
 from runtime.tuner.manifests import manifest_diff
 from runtime.tuner.prometheus import connect
@@ -61,19 +62,33 @@ def write_openmetrics(path: Path, gpus: int) -> int:
                 text = repr(value_of(g))
                 out.write("".join(f"{family}{{{labels}}} {text} {t}\n" for t in times))
                 count += len(times)
-        recorded = {
-            catalogue.CLUSTER_GPU_UTILIZATION: (0.195, 1),
-            catalogue.FLEX_EVICTIONS: (0.0, 1),
-            catalogue.PROD_PODS_PENDING: (0.0, 1),
-            catalogue.FLEX_HEADROOM_GPUS: (120.0, 1),
-            catalogue.VLLM_QUEUE_DEPTH: (3.0, WORKLOADS),
-            catalogue.KV_CACHE_USAGE: (0.6, WORKLOADS),
-            catalogue.KV_CACHE_HIT_RATE: (0.9, WORKLOADS),
+        policy = load_policy(REPO / "policy" / "pool.yaml")
+        first = policy.workloads[0].name  # the policy's workload, so its bound can be widened
+
+        def per_workload(w: int) -> str:
+            name = first if w == 0 else f"w{w:03d}"
+            return f'cluster="bench",namespace="gpupool-flex",workload="{name}"'
+
+        def per_instance(w: int) -> str:
+            return f'{per_workload(w)},pod="{first if w == 0 else f"w{w:03d}"}-0"'
+
+        recorded: dict[str, tuple[float, list[str]]] = {
+            catalogue.PRODUCTION_GPU_UTILIZATION: (0.195, ['cluster="bench"']),
+            catalogue.FLEX_EVICTIONS: (
+                0.0,
+                [f'cluster="bench",namespace="gpupool-flex",reason="{r}"' for r in PRECEDENCE],
+            ),
+            catalogue.PROD_PODS_PENDING: (0.0, ['cluster="bench"']),
+            catalogue.FLEX_HEADROOM_GPUS: (120.0, ['cluster="bench",pool="gpu-flex"']),
+            catalogue.VLLM_QUEUE_DEPTH: (3.0, [per_workload(w) for w in range(WORKLOADS)]),
+            catalogue.FLEX_HPA_AT_MAX: (1.0, [per_workload(w) for w in range(WORKLOADS)]),
+            catalogue.KV_CACHE_USAGE: (0.6, [per_instance(w) for w in range(WORKLOADS)]),
+            catalogue.KV_CACHE_HIT_RATE: (0.9, [per_instance(w) for w in range(WORKLOADS)]),
         }
-        for family, (value, copies) in recorded.items():
+        assert recorded.keys() == SIGNALS.keys()
+        for family, (value, label_sets) in recorded.items():
             out.write(f"# TYPE {family} gauge\n")
-            for w in range(copies):
-                labels = f'cluster="bench",workload="w{w:03d}"'
+            for labels in label_sets:
                 out.write("".join(f"{family}{{{labels}}} {value!r} {t}\n" for t in times))
                 count += len(times)
         out.write("# EOF\n")
@@ -161,7 +176,9 @@ def main() -> None:
                 metrics.registry.get_sample_value("gpupool_tuner_query_seconds_count") or 0
             ) - queries_before
             baseline = median_s(
-                lambda: client.custom_query(catalogue.CLUSTER_GPU_UTILIZATION, params={"time": at}),
+                lambda: client.custom_query(
+                    catalogue.PRODUCTION_GPU_UTILIZATION, params={"time": at}
+                ),
                 args.repeats,
             )
             spent_before = metrics.registry.get_sample_value("gpupool_tuner_query_seconds_sum")

@@ -12,10 +12,11 @@ from infra.builders.namespaces import namespaces
 from infra.builders.nodepools import Target, node_pools
 from infra.builders.policy_config import policy_config_map
 from infra.builders.priorities import priority_classes
+from infra.builders.production import production_autoscalers
 from infra.builders.rbac import service_accounts_and_rbac
 from infra.builders.runtime_components import tuner
 from infra.builders.scraping import flex_pod_monitor
-from infra.builders.workload import flex_workload
+from infra.builders.workload import HpaTolerance, flex_workload
 from policy import PoolPolicy
 
 INFERENCE_WORKLOAD = "gpupool:flex:InferenceWorkload"
@@ -26,6 +27,10 @@ SCHEDULING = "gpupool:cluster:Scheduling"
 
 MONITORING = "gpupool:system:Monitoring"
 """Pulumi type token of the monitoring objects (``alerts.manifests`` and the PodMonitor)."""
+
+PRODUCTION = "gpupool:production:Autoscaling"
+"""Pulumi type token of the HPAs gpupool renders for production workloads (only when some
+production workload has ``scale_on: gpu_utilization``)."""
 
 
 @dataclass(frozen=True)
@@ -45,9 +50,14 @@ class MissingVllmArgs(ValueError):
 
 
 def build_groups(
-    policy: PoolPolicy, *, target: Target, vllm_args: Mapping[str, Sequence[str]]
+    policy: PoolPolicy,
+    *,
+    target: Target,
+    vllm_args: Mapping[str, Sequence[str]],
+    hpa_tolerance: HpaTolerance = "cluster",
 ) -> list[ObjectGroup]:
-    """Every object, grouped; ``vllm_args`` maps workload name -> the vLLM container args."""
+    """Every object, grouped; ``vllm_args`` maps workload name -> the vLLM container args;
+    ``target`` and ``hpa_tolerance`` are the stack's options (docs/infra.md)."""
     missing = [w.name for w in policy.workloads if w.name not in vllm_args]
     if missing:
         raise MissingVllmArgs(f"no vLLM arguments for workloads {missing}")
@@ -69,19 +79,27 @@ def build_groups(
             MONITORING, "monitoring", (*monitoring_objects(policy), flex_pod_monitor(policy))
         ),
     ]
+    hpas = production_autoscalers(policy)
+    if hpas:
+        groups.append(ObjectGroup(PRODUCTION, "production", tuple(hpas)))
     groups += [
-        ObjectGroup(INFERENCE_WORKLOAD, w.name, tuple(flex_workload(policy, w, vllm_args[w.name])))
+        ObjectGroup(
+            INFERENCE_WORKLOAD,
+            w.name,
+            tuple(flex_workload(policy, w, vllm_args[w.name], hpa_tolerance)),
+        )
         for w in policy.workloads
     ]
     return groups
 
 
 def build_bundle(
-    policy: PoolPolicy, *, target: Target, vllm_args: Mapping[str, Sequence[str]]
+    policy: PoolPolicy,
+    *,
+    target: Target,
+    vllm_args: Mapping[str, Sequence[str]],
+    hpa_tolerance: HpaTolerance = "cluster",
 ) -> list[Manifest]:
     """Every object the policy implies, flat, in apply order."""
-    return [
-        obj
-        for group in build_groups(policy, target=target, vllm_args=vllm_args)
-        for obj in group.objects
-    ]
+    groups = build_groups(policy, target=target, vllm_args=vllm_args, hpa_tolerance=hpa_tolerance)
+    return [obj for group in groups for obj in group.objects]

@@ -15,6 +15,7 @@ import pulumi
 from pulumi_kubernetes.core.v1 import Service
 
 from infra.builders.nodepools import TARGETS, Target
+from infra.builders.workload import HPA_TOLERANCES, HpaTolerance
 from infra.bundle import INFERENCE_WORKLOAD, SCHEDULING, ObjectGroup, build_groups
 from infra.inputs import load_inputs
 from infra.resources import declare, logical_name
@@ -32,6 +33,9 @@ class StackSettings:
     """``gpupool:policy``: the policy file (relative to the project root)."""
     target: Target
     """``gpupool:target``: ``labels`` or ``karpenter``."""
+    hpa_tolerance: HpaTolerance = "cluster"
+    """``gpupool:hpaTolerance``: ``cluster`` (the controller's flag) or ``behavior``
+    (per-HPA tolerance 0; Kubernetes >= 1.33 with HPAConfigurableTolerance)."""
 
 
 def read_settings(config: pulumi.Config, root: Path = PROJECT_ROOT) -> StackSettings:
@@ -39,8 +43,17 @@ def read_settings(config: pulumi.Config, root: Path = PROJECT_ROOT) -> StackSett
     target = config.get("target") or "labels"
     if target not in TARGETS:
         raise pulumi.RunError(f"gpupool:target must be one of {list(TARGETS)}, found {target!r}")
+    tolerance = config.get("hpaTolerance") or "cluster"
+    if tolerance not in HPA_TOLERANCES:
+        raise pulumi.RunError(
+            f"gpupool:hpaTolerance must be one of {list(HPA_TOLERANCES)}, found {tolerance!r}"
+        )
     policy = Path(config.get("policy") or "policy/pool.yaml")
-    return StackSettings(policy if policy.is_absolute() else root / policy, target)
+    return StackSettings(
+        policy if policy.is_absolute() else root / policy,
+        target,
+        tolerance,
+    )
 
 
 class BundleComponent(pulumi.ComponentResource):
@@ -105,7 +118,12 @@ def run(settings: StackSettings) -> list[BundleComponent]:
         inputs = load_inputs(settings.policy_path)
     except PolicyError as exc:
         raise pulumi.RunError(str(exc)) from None
-    groups = build_groups(inputs.policy, target=settings.target, vllm_args=inputs.vllm_args)
+    groups = build_groups(
+        inputs.policy,
+        target=settings.target,
+        vllm_args=inputs.vllm_args,
+        hpa_tolerance=settings.hpa_tolerance,
+    )
     components = declare_groups(groups)
     pulumi.export("target", settings.target)
     pulumi.export(

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from alerts.adapter import adapter_fragment, helm_values
 from infra.builders.meta import Manifest
+from infra.builders.production import kustomize_component
 from infra.yaml_text import to_yaml
+from policy import PoolPolicy
 
 CLUSTER_DIR = "_cluster"
 """Folder of cluster-scoped objects (``_`` cannot start a namespace name, so it never clashes)."""
@@ -18,8 +21,22 @@ CLUSTER_DIR = "_cluster"
 KUSTOMIZATION = "kustomization.yaml"
 """Lists every object file in apply order, so Flux / Argo CD / ``kubectl apply -k`` take the dir."""
 
+PRODUCTION_DIR = "_production"
+"""Folder of the Kustomize Component for the owner's production workloads (docs/infra.md
+"Production workloads"); a Component, not a resource, so the top-level kustomization does
+not list it, and ``_`` keeps it from clashing with a namespace folder."""
+
 HEADER = "# Rendered by `gpupool render` from the policy; edit the policy, not this file.\n"
 """First line of every rendered file."""
+
+ADAPTER_DIR = "_prometheus-adapter"
+"""Folder of the prometheus-adapter rules to MERGE into the cluster's adapter (docs/alerts.md
+"prometheus-adapter: merge the fragment"): ``values.yaml`` for its Helm chart, ``rules.yaml``
+for a hand-written ``config.yaml``. Not objects, so the kustomization does not list them."""
+
+ADAPTER_HEADER = (
+    "# Merge into your prometheus-adapter configuration; do not replace it (docs/alerts.md).\n"
+)
 
 
 class DuplicateObject(ValueError):
@@ -49,3 +66,21 @@ def render_documents(objects: Iterable[Manifest]) -> dict[str, str]:
     # The resource order is the apply order: the list keeps it, only the keys are sorted.
     documents[KUSTOMIZATION] = HEADER + to_yaml(kustomization, sort_keys=True)
     return documents
+
+
+def production_documents(policy: PoolPolicy) -> dict[str, str]:
+    """``_production/kustomization.yaml``: the production Component; empty without any."""
+    component = kustomize_component(policy)
+    if component is None:
+        return {}
+    return {f"{PRODUCTION_DIR}/{KUSTOMIZATION}": HEADER + to_yaml(component, sort_keys=True)}
+
+
+def adapter_documents(policy: PoolPolicy) -> dict[str, str]:
+    """``_prometheus-adapter/values.yaml`` (Helm ``rules.custom``/``rules.external``) and
+    ``_prometheus-adapter/rules.yaml`` (``rules``/``externalRules`` entries of config.yaml)."""
+    head = HEADER + ADAPTER_HEADER
+    return {
+        f"{ADAPTER_DIR}/values.yaml": head + to_yaml(helm_values(policy), sort_keys=False),
+        f"{ADAPTER_DIR}/rules.yaml": head + to_yaml(adapter_fragment(policy), sort_keys=False),
+    }

@@ -24,7 +24,12 @@ class FlexEvictionRate(AlertRule):
     """Flex evictions/preemptions per minute: too many means the thresholds are too aggressive."""
 
     per_minute_max: float = Field(5.0, gt=0)
-    """Fires above this many flex pod evictions per minute (brief: 5)."""
+    """Fires above this many flex pod disruptions per minute, summed over reasons (brief: 5)."""
+    keep_firing_for: Duration | None = "5m"
+    """Prometheus ``keep_firing_for:`` (Prometheus >= 2.42): once firing, the alert stays
+    firing this long after the rate drops to the limit, so a rate hovering around the limit
+    does not resolve and re-notify (nor restart the tuner) every few minutes. The default
+    equals the default ``for:``; ``null`` leaves it out (older Prometheus rejects the key)."""
 
 
 class KvHitRate(AlertRule):
@@ -32,6 +37,12 @@ class KvHitRate(AlertRule):
 
     min: Fraction = Field(0.80, gt=0)
     """Fires below this hit rate (brief: 80 %): compact or add KV capacity."""
+    min_queried_tokens_per_s: float = Field(10.0, ge=0)
+    """Below this many prefix-cache queried tokens per second (``vllm:prefix_cache_queries_total``
+    counts prompt TOKENS, not requests) over ``metrics.rate_window``, an instance's hit rate is
+    not recorded, so it never fires: a few requests say nothing about the cache. The default,
+    10 tokens/s, is 3,000 tokens in a 5-minute window, a handful of typical prompts; 0 keeps
+    every instance that had any query."""
 
 
 class GpuMemoryPressure(AlertRule):
@@ -42,15 +53,38 @@ class GpuMemoryPressure(AlertRule):
 
 
 class ClusterUtilizationLow(AlertRule):
-    """Cluster GPU utilization stays below the scale-up threshold but flex does not grow."""
+    """FlexNotGrowing: the budget's grow condition holds (production below
+    ``elastic.grow_while_production_below``), a flex pool has headroom for a replica, and the
+    workload's HPA is below ``maxReplicas``, yet flex does not grow. The key keeps its old
+    name (``cluster_utilization_low``) so existing policies load unchanged."""
 
 
 class ProdCapacityAtRisk(AlertRule):
-    """Production pods pending while flex pods hold GPUs."""
+    """Production pods that request GPUs are unschedulable while flex pods run."""
 
 
 class MetricsStale(AlertRule):
     """A metric source that alerts, the HPA and the tuner depend on is absent or stale."""
+
+
+class MetricMissing(AlertRule):
+    """An exporter is up but one of the series gpupool needs from it is missing (disabled)."""
+
+
+class NodePoolLabelsMissing(AlertRule):
+    """kube-state-metrics is up but no node carries the pool label gpupool joins on."""
+
+
+class GpuExporterDown(AlertRule):
+    """A dcgm-exporter scrape target (``metrics.dcgm_job``) is down."""
+
+
+class GpusNotReporting(AlertRule):
+    """A gpupool node reports fewer GPUs to dcgm-exporter than it has allocatable."""
+
+
+class GpuPodAttributionMissing(AlertRule):
+    """Production holds GPUs but dcgm-exporter attributes none of them to its pods."""
 
 
 class AlertThresholds(StrictModel):
@@ -65,11 +99,28 @@ class AlertThresholds(StrictModel):
     cluster_utilization_low: ClusterUtilizationLow = ClusterUtilizationLow(
         for_="30m", severity="info"
     )
-    """ClusterGPUUtilizationLow: flex should be growing but is not."""
+    """FlexNotGrowing (was ClusterGPUUtilizationLow): flex should be growing but is not."""
     prod_capacity_at_risk: ProdCapacityAtRisk = ProdCapacityAtRisk(for_="2m", severity="critical")
-    """ProdCapacityAtRisk: production pods pending while flex pods run."""
+    """ProdCapacityAtRisk: unschedulable GPU-requesting production pods while flex pods run."""
     metrics_stale: MetricsStale = MetricsStale(for_="10m", severity="warning")
     """GpupoolMetricsStale: decisions would be made on missing data (they fail closed)."""
+    metric_missing: MetricMissing = MetricMissing(for_="15m", severity="warning")
+    """GpupoolMetricMissing: an exporter runs without a series gpupool reads (a disabled
+    kube-state-metrics resource, a ``metrics.dcgm_job`` that matches no scrape job)."""
+    node_pool_labels_missing: NodePoolLabelsMissing = NodePoolLabelsMissing(
+        for_="15m", severity="warning"
+    )
+    """NodePoolLabelsMissing: kube-state-metrics exports no node's pool label, so every
+    per-pool query (headroom, budget, reserve) is empty."""
+    gpu_exporter_down: GpuExporterDown = GpuExporterDown(for_="5m", severity="warning")
+    """GPUExporterDown: one dcgm-exporter target does not answer its scrape."""
+    gpus_not_reporting: GpusNotReporting = GpusNotReporting(for_="15m", severity="warning")
+    """GPUsNotReporting: a node's GPUs are missing from dcgm-exporter (the default leaves a
+    new node's exporter pod time to start)."""
+    gpu_pod_attribution_missing: GpuPodAttributionMissing = GpuPodAttributionMissing(
+        for_="30m", severity="warning"
+    )
+    """GPUPodAttributionMissing: dcgm-exporter runs without Kubernetes pod attribution."""
 
 
 class Receiver(StrictModel):

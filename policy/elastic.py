@@ -8,41 +8,58 @@ from policy.base import Fraction, Invariants, StrictModel
 
 
 class ElasticThresholds(StrictModel):
-    """Hysteresis band on cluster GPU utilization (fractions of all GPUs, 0-1).
+    """Band on PRODUCTION's utilization of the pools' GPUs (fractions, 0-1).
 
-    Below ``scale_up_below`` flex capacity grows; above ``shed_above`` it is shed; in
-    between it holds. The gap is the hysteresis that stops flapping.
+    The signal is the brief's cluster GPU utilization with flex's own load left out: the
+    duty cycle of every GPU a production pod holds (dcgm-exporter, joined to pods of the
+    production PriorityClass), summed, over all schedulable GPUs of the pools. A busy flex
+    fleet never moves it, so flex cannot shed itself while production is idle. Below
+    ``grow_while_production_below`` flex grows into unallocated GPUs (less every pool's
+    reserve); above ``shed_while_production_above`` it sheds one HPA step; in between it
+    holds. Independently of the band, flex sheds whenever the unallocated GPUs fall under
+    the pools' reserves (docs/policy.md "How the flex budget is computed").
     """
 
-    scale_up_below: Fraction = 0.35
-    """Grow flex while cluster GPU utilization is below this (brief: 35 %)."""
-    shed_above: Fraction = 0.65
-    """Shed flex while cluster GPU utilization is above this (brief: 65 %)."""
-    idle_gpu_below: Fraction = 0.30
-    """A GPU whose own utilization is below this counts as idle headroom flex may use."""
-    flex_target_utilization: Fraction = 0.40
-    """Utilization a flex GPU should reach before more flex replicas are worth adding.
-
-    Together with ``idle_gpu_below`` this is the brief's 30-40 % usable-utilization band.
-    """
+    grow_while_production_below: Fraction = 0.35
+    """Grow flex while production keeps less than this share of the pools' GPUs busy
+    (brief: 35 %)."""
+    shed_while_production_above: Fraction = 0.65
+    """Shed flex while production keeps more than this share of the pools' GPUs busy
+    (brief: 65 %): production needs most of the cluster."""
 
     @model_validator(mode="after")
     def _band(self) -> ElasticThresholds:
         found = Invariants()
         found.require(
-            self.scale_up_below < self.shed_above,
-            "scale_up_below",
-            f"scale_up_below ({self.scale_up_below}) must be below shed_above "
-            f"({self.shed_above}); otherwise flex capacity flaps between growing and shedding",
-        )
-        found.require(
-            self.idle_gpu_below <= self.flex_target_utilization,
-            "idle_gpu_below",
-            f"idle_gpu_below ({self.idle_gpu_below}) must not exceed flex_target_utilization "
-            f"({self.flex_target_utilization}): a GPU cannot be idle above its target",
+            self.grow_while_production_below < self.shed_while_production_above,
+            "grow_while_production_below",
+            f"grow_while_production_below ({self.grow_while_production_below}) must be below "
+            f"shed_while_production_above ({self.shed_while_production_above}); otherwise "
+            "flex capacity flaps between growing and shedding",
         )
         found.raise_if_any()
         return self
+
+
+RENAMED_FIELDS: dict[tuple[str, ...], str] = {
+    ("elastic", "scale_up_below"): (
+        "renamed elastic.grow_while_production_below: it now reads production's GPU "
+        "utilization, not the cluster mean that counted flex's own load"
+    ),
+    ("elastic", "shed_above"): (
+        "renamed elastic.shed_while_production_above: it now reads production's GPU "
+        "utilization, not the cluster mean that counted flex's own load"
+    ),
+    ("elastic", "idle_gpu_below"): (
+        "removed: headroom is now the GPUs no pod requests (kube-state-metrics), so a GPU "
+        "held by an idle pod is never free; delete the line"
+    ),
+    ("elastic", "flex_target_utilization"): (
+        "removed: it never changed a decision; delete the line"
+    ),
+}
+"""Fields of older policies and what replaced them; the loader reports these instead of
+"unknown field" (docs/policy.md "Migrating from 0.1")."""
 
 
 class Autoscaling(StrictModel):

@@ -12,6 +12,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from policy.base import InvariantViolation
+from policy.elastic import RENAMED_FIELDS
 from policy.pool import PoolPolicy
 
 DEFAULT_POLICY = Path(__file__).with_name("pool.yaml")
@@ -103,6 +104,9 @@ def _describe(error: Any) -> str:
     if kind == "missing":
         return "required field is missing"
     if kind == "extra_forbidden":
+        renamed = RENAMED_FIELDS.get(tuple(str(part) for part in error["loc"]))
+        if renamed is not None:
+            return f"{renamed} (docs/policy.md, Migrating)"
         return "unknown field (check the spelling; see `gpupool schema` for the allowed fields)"
     message = str(error["msg"]).removeprefix("Value error, ")
     if isinstance(found, dict | list):

@@ -6,9 +6,14 @@ how the flex vLLM pods are scraped); the metrics catalogue reads them instead of
 
 from __future__ import annotations
 
+import re
+
 from pydantic import Field, model_validator
 
 from policy.base import Duration, Invariants, StrictModel, duration_seconds
+
+_REASON = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+"""A pod status or disruption reason: an identifier, so it is safe inside a PromQL regex."""
 
 
 class MetricSources(StrictModel):
@@ -17,6 +22,22 @@ class MetricSources(StrictModel):
     gpu_node_label: str = Field("Hostname", min_length=1)
     """dcgm-exporter label holding the node name (``Hostname``; ``hostname`` in its newest
     releases); joins each GPU to its node pool through kube-state-metrics' ``kube_node_labels``."""
+    gpu_pod_labels: tuple[str, str] = ("namespace", "pod")
+    """dcgm-exporter labels naming the namespace and pod that hold a GPU (its Kubernetes
+    mode, on by default in its Helm chart). With ``honorLabels: false`` on the scrape they
+    arrive as ``exported_namespace`` and ``exported_pod``: set them here. Production's GPU
+    utilization, the elastic signal, is joined to pods through them."""
+    gpu_resource: str = Field("nvidia_com_gpu", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+    """kube-state-metrics' ``resource`` label of the GPU extended resource (``nvidia.com/gpu``
+    is exported as ``nvidia_com_gpu``; AMD: ``amd_com_gpu``). Headroom is allocatable minus
+    requested of this resource."""
+    dcgm_job: str = Field(".*dcgm-exporter.*", min_length=1, pattern=r'^[^"\\]+$')
+    """Prometheus ``job`` label of the dcgm-exporter scrape targets, a regex matched whole
+    (``up{job=~"<dcgm_job>"}``): GPUExporterDown watches each target's ``up``. The job is
+    named after the scraped Service: ``nvidia-dcgm-exporter`` under the GPU operator,
+    ``<release>-dcgm-exporter`` (or ``dcgm-exporter``) with dcgm-exporter's own Helm chart,
+    which the default matches. GpupoolMetricMissing fires when GPU series arrive but no
+    ``up`` series matches, so a wrong value is reported, not silent."""
     workload_label: str = Field("workload", min_length=1)
     """Target label naming the flex workload on scraped vLLM series (set by the scrape config,
     e.g. a PodMonitor relabeling the pod's ``app.kubernetes.io/name``)."""
@@ -31,16 +52,62 @@ class MetricSources(StrictModel):
     evaluation_interval: Duration = "30s"
     """How often Prometheus evaluates gpupool's recording and alerting rules."""
     eviction_reasons: list[str] = Field(
-        default_factory=lambda: ["Evicted", "PreemptionByScheduler"], min_length=1
+        default_factory=lambda: ["Evicted", "PreemptionByScheduler", "TerminationByKubelet"],
+        min_length=1,
     )
     """``reason`` values of kube-state-metrics' ``kube_pod_status_reason`` that count as a
-    flex eviction (kubelet/API eviction and scheduler preemption)."""
+    flex disruption. Every release reports ``Evicted`` (kubelet node-pressure eviction; the
+    pod lingers as ``Failed``); v2.19 adds ``PreemptionByScheduler`` (scheduler preemption
+    victims) and may report ``TerminationByKubelet``. Up to v2.19 the gauge is dense (a 0/1
+    row per pod and known reason), from v2.20 sparse (only the reason that holds, value 1).
+    Eviction-API disruptions (drains, Karpenter) never appear here: see
+    ``disruption_reasons``. Other known reasons (``NodeLost``, ``Shutdown``, ``NodeAffinity``,
+    ``UnexpectedAdmissionError``) may be added; unknown ones count under ``reason="other"``."""
+    disruption_reasons: list[str] = Field(
+        default_factory=lambda: [
+            "EvictionByEvictionAPI",
+            "PreemptionByScheduler",
+            "TerminationByKubelet",
+            "DeletionByTaintManager",
+        ],
+        min_length=1,
+    )
+    """``reason`` values of kube-state-metrics' ``kube_pod_status_disruption_reason`` (the
+    pod's ``DisruptionTarget`` condition; ALPHA, v2.20 and later, sparse) that count as a flex
+    disruption. ``EvictionByEvictionAPI`` (``kubectl drain``, Karpenter consolidation, drift
+    and spot interruption) is visible nowhere else; ``PreemptionByScheduler`` and
+    ``TerminationByKubelet`` repeat what ``kube_pod_status_reason`` may already report (each
+    pod counts once); ``DeletionByTaintManager`` is a pod deleted off a NoExecute-tainted
+    (unreachable or NotReady) node. ``DeletionByPodGC`` is left out by default: PodGC collects
+    pods whose node object is already gone, after the disruption the other reasons (or the
+    node's failure) already caused; add it to count orphaned pods of vanished nodes too.
+    Before v2.20 the series does not exist and this list selects nothing."""
     alertmanager_secret: str = Field("alertmanager-main", min_length=1)
     """Secret the Prometheus operator reads the Alertmanager configuration from
     (``alertmanager-<Alertmanager name>``, key ``alertmanager.yaml``)."""
     rule_selector_labels: dict[str, str] = Field(default_factory=dict)
     """Labels put on the PrometheusRule and dashboard so the operator's ``ruleSelector`` picks
     them up (kube-prometheus-stack: ``release: <helm release>``)."""
+
+    @model_validator(mode="after")
+    def _reasons(self) -> MetricSources:
+        found = Invariants()
+        for field in ("eviction_reasons", "disruption_reasons"):
+            reasons: list[str] = getattr(self, field)
+            for i, reason in enumerate(reasons):
+                found.require(
+                    _REASON.match(reason) is not None,
+                    f"{field}.{i}",
+                    f"{reason!r} is not a Kubernetes reason (letters, digits and '_', "
+                    "starting with a letter, e.g. PreemptionByScheduler)",
+                )
+            found.require(
+                len(set(reasons)) == len(reasons),
+                field,
+                f"{field} lists a reason twice: {reasons}",
+            )
+        found.raise_if_any()
+        return self
 
     @model_validator(mode="after")
     def _windows(self) -> MetricSources:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pydantic import Field, model_validator
 
 from policy.alerting import Alerting
@@ -12,6 +14,7 @@ from policy.kvcache import KvCache
 from policy.metrics import MetricSources
 from policy.nodepools import NodePool
 from policy.priorities import Priorities
+from policy.production import ProductionWorkload
 from policy.tuner import Tuner
 from policy.workloads import FlexWorkload
 
@@ -68,6 +71,10 @@ class PoolPolicy(StrictModel):
     """The in-cluster tuner's policy repository, forge and Secret references."""
     workloads: list[FlexWorkload] = Field(default_factory=list)
     """Flex inference workloads."""
+    production: list[ProductionWorkload] = Field(default_factory=list)
+    """The cluster owner's production workloads, by reference (gpupool does not deploy them):
+    what they need to take GPUs back from flex is rendered for them (docs/infra.md
+    "Production workloads")."""
 
     @property
     def prod_pool(self) -> NodePool:
@@ -128,5 +135,75 @@ class PoolPolicy(StrictModel):
                 f"workload {w.name!r} needs {w.gpus_per_replica} GPUs per replica but nodes of "
                 f"pool {w.pool!r} have {host.gpus_per_node if host else '?'}",
             )
+        self._check_production(found)
         found.raise_if_any()
         return self
+
+    def _check_production(self, found: Invariants) -> None:
+        """Rules between ``production`` and the pools (the reserve as production's headroom).
+
+        The prod pool's ``reserve_ratio`` is production's burst headroom: the production floor
+        (every ``min_replicas * gpus_per_replica``) must fit on the prod pool outside the
+        reserve, so scaling up from the floor starts in the reserve with no preemption. (A
+        production HPA's duty-cycle target is not tied to it: the reserve counts GPUs, the
+        target a GPU's busy time.) The ceiling (every
+        ``max_replicas * gpus_per_replica``) must fit on the prod and flex pools together:
+        production may only land on gpupool pools, so more could never be scheduled.
+        """
+        if sum(1 for p in self.node_pools if p.role == "prod") != 1:
+            return  # reported above; the capacity rules need the one prod pool
+        prod = self.prod_pool
+        # The catalogue reserves floor(GPUs x reserve_ratio) of a pool (headroom query).
+        reserved_out = prod.gpu_capacity - math.floor(prod.gpu_capacity * prod.reserve_ratio)
+        ceiling = prod.gpu_capacity + sum(p.gpu_capacity for p in self.flex_pools)
+        system = {self.cluster.flex_namespace, self.cluster.system_namespace}
+        refs: set[tuple[str, str, str]] = set()
+        hpa_names: dict[str, str] = {}
+        floor = peak = 0
+        for i, w in enumerate(self.production):
+            at = f"production.{i}"
+            found.require(
+                w.namespace not in system,
+                f"{at}.namespace",
+                f"production workload {w.ref} is in gpupool's own namespace "
+                f"{w.namespace!r} (flex: {self.cluster.flex_namespace!r}, system: "
+                f"{self.cluster.system_namespace!r}); production lives in the owner's namespaces",
+            )
+            key = (w.namespace, w.kind, w.name or "{" + w.label_selector + "}")
+            found.require(key not in refs, f"{at}.name", f"production workload {w.ref} is repeated")
+            refs.add(key)
+            found.require(
+                w.gpus_per_replica <= prod.gpus_per_node,
+                f"{at}.gpus_per_replica",
+                f"production workload {w.ref} needs {w.gpus_per_replica} GPUs per replica but "
+                f"nodes of the prod pool {prod.name!r} have {prod.gpus_per_node}",
+            )
+            if w.renders_hpa and w.name is not None:
+                other = hpa_names.setdefault(w.name, w.namespace)
+                found.require(
+                    other == w.namespace,
+                    f"{at}.name",
+                    f"production HPAs in {other!r} and {w.namespace!r} are both named "
+                    f"{w.name!r}; the Pulumi program names them {w.name}-hpa in one component, "
+                    "so production workloads with scale_on: gpu_utilization need distinct names",
+                )
+            # Each sum is reported once: at the workload that takes it over the limit.
+            before, floor = floor, floor + w.min_replicas * w.gpus_per_replica
+            found.require(
+                floor <= reserved_out or before > reserved_out,
+                f"{at}.min_replicas",
+                f"production's floor reaches {floor} GPUs (sum of min_replicas x "
+                f"gpus_per_replica up to {w.ref}) but the prod pool {prod.name!r} has "
+                f"{reserved_out} outside its reserve ({prod.gpu_capacity} GPUs, reserve_ratio "
+                f"{prod.reserve_ratio}); lower min_replicas, raise max_nodes or lower "
+                "reserve_ratio",
+            )
+            before, peak = peak, peak + w.max_replicas * w.gpus_per_replica
+            found.require(
+                peak <= ceiling or before > ceiling,
+                f"{at}.max_replicas",
+                f"production's ceiling reaches {peak} GPUs (sum of max_replicas x "
+                f"gpus_per_replica up to {w.ref}) but the prod and flex pools hold {ceiling}; "
+                "replicas beyond that could never be scheduled: lower max_replicas or raise "
+                "the pools' max_nodes",
+            )

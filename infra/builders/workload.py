@@ -11,6 +11,7 @@ clamped to the workload's replica bounds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from infra.builders.meta import Manifest, metadata, selector_labels
 from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
@@ -59,6 +60,20 @@ LIVENESS_PERIOD_S = 10
 LIVENESS_FAILURES = 3
 """Failed liveness probes before the kubelet restarts a hung engine."""
 
+HpaTolerance = Literal["cluster", "behavior"]
+"""Who sets the flex HPAs' tolerance (stack option ``gpupool:hpaTolerance``). ``cluster``: the
+controller's ``--horizontal-pod-autoscaler-tolerance`` (10 % by default; every budget step is
+sized to pass it, but growth by less than 10 % of the replicas is swallowed). ``behavior``:
+``behavior.scaleUp/scaleDown.tolerance: 0`` on each HPA, so every step is taken, the last
+replicas of a pool included; needs Kubernetes >= 1.33 with the ``HPAConfigurableTolerance``
+feature gate (alpha in 1.33)."""
+
+HPA_TOLERANCES: tuple[HpaTolerance, ...] = ("cluster", "behavior")
+
+BEHAVIOR_TOLERANCE = "0"
+"""``tolerance`` of both directions under ``behavior``: the budget is a whole number of GPUs,
+so any difference from the current replicas is a decision, never noise."""
+
 RATE_PERIOD_S = 60
 """HPA policy period: the policy's ``*_pods_per_minute`` limits are per 60 s."""
 
@@ -72,7 +87,10 @@ def snapshot_claim_name(workload: FlexWorkload) -> str:
 
 
 def flex_workload(
-    policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[str]
+    policy: PoolPolicy,
+    workload: FlexWorkload,
+    vllm_args: Sequence[str],
+    hpa_tolerance: HpaTolerance = "cluster",
 ) -> list[Manifest]:
     """Every object of one flex workload, in apply order."""
     compaction = [compaction_service(policy, workload)] if workload.kv_compaction else []
@@ -82,7 +100,7 @@ def flex_workload(
         service(policy, workload),
         *compaction,
         disruption_budget(policy, workload),
-        autoscaler(policy, workload),
+        autoscaler(policy, workload, hpa_tolerance),
     ]
 
 
@@ -307,9 +325,12 @@ def disruption_budget(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
     }
 
 
-def autoscaler(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
+def autoscaler(
+    policy: PoolPolicy, workload: FlexWorkload, tolerance: HpaTolerance = "cluster"
+) -> Manifest:
     """autoscaling/v2 HPA on the GPU budget, with the policy's stabilization windows."""
     scaling = policy.autoscaling
+    per_hpa = {"tolerance": BEHAVIOR_TOLERANCE} if tolerance == "behavior" else {}
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -339,6 +360,7 @@ def autoscaler(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
             ],
             "behavior": {
                 "scaleUp": {
+                    **per_hpa,
                     "stabilizationWindowSeconds": scaling.scale_up_stabilization_s,
                     "selectPolicy": "Max",
                     "policies": [
@@ -350,6 +372,7 @@ def autoscaler(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
                     ],
                 },
                 "scaleDown": {
+                    **per_hpa,
                     "stabilizationWindowSeconds": scaling.scale_down_stabilization_s,
                     "selectPolicy": "Max",
                     "policies": [

@@ -16,9 +16,9 @@ from infra.diff import diff_documents
 from infra.inputs import load_inputs
 from infra.output import write_documents
 from infra.pipeline import render_policy_file
-from infra.render import render_documents
+from infra.render import adapter_documents, production_documents, render_documents
 from infra.summary import summarize
-from policy import DEFAULT_POLICY
+from policy import DEFAULT_POLICY, load_policy
 from runtime.cli.errors import reported_errors
 from runtime.cli.whatif_commands import replay_demo
 
@@ -37,7 +37,12 @@ OutOption = Annotated[Path, typer.Option("--out", "-o", help="Directory to write
 def rendered(file: Path, target: Target) -> dict[str, str]:
     """Load, validate and render one policy file (relative file name -> YAML)."""
     inputs = load_inputs(file)
-    return render_documents(build_bundle(inputs.policy, target=target, vllm_args=inputs.vllm_args))
+    objects = build_bundle(inputs.policy, target=target, vllm_args=inputs.vllm_args)
+    return (
+        render_documents(objects)
+        | production_documents(inputs.policy)
+        | adapter_documents(inputs.policy)
+    )
 
 
 def render(
@@ -48,6 +53,9 @@ def render(
     """Write every object as YAML, one file each, byte-identical for the same policy."""
     with reported_errors():
         documents = render_policy_file(file, target=target)
+        # The production Component and the adapter fragment are files beside the objects.
+        policy = load_policy(file)
+        documents |= production_documents(policy) | adapter_documents(policy)
         result = write_documents(out, documents)
     console.print(
         f"{out}: {len(documents)} files ({len(result.written)} written, "
@@ -89,7 +97,8 @@ def demo(
         inputs = load_inputs(DEFAULT_POLICY)
         objects = build_bundle(inputs.policy, target=target, vllm_args=inputs.vllm_args)
         folder = out or Path(tempfile.mkdtemp(prefix="gpupool-demo-"))
-        write_documents(folder, render_documents(objects))
+        extra = production_documents(inputs.policy) | adapter_documents(inputs.policy)
+        write_documents(folder, render_documents(objects) | extra)
     for table in summarize(inputs.policy, objects):
         rich_table = RichTable(*table.columns, title=table.title, title_justify="left")
         for row in table.rows:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
+from infra.builders.workload import HPA_TOLERANCES, HpaTolerance
 from policy import DEFAULT_POLICY, PoolPolicy, load_policy
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.sim import markdown, output
@@ -63,6 +64,7 @@ class Options:
     prod_target_utilization: float
     startup_s: float
     target: Literal["labels", "karpenter"]
+    hpa_tolerance: HpaTolerance = "cluster"
 
 
 def default_policy() -> Path:
@@ -114,7 +116,11 @@ def build_whatif(options: Options, policy: PoolPolicy) -> WhatIf:
         options.production_rule, options.prod_target_utilization, startup_s=options.startup_s
     )
     settings = Settings(
-        hours=hours, flex_startup_s=options.startup_s, production=rule, target=options.target
+        hours=hours,
+        flex_startup_s=options.startup_s,
+        production=rule,
+        target=options.target,
+        hpa_tolerance=options.hpa_tolerance,
     )
     return WhatIf(production, demand, settings, options.layout, options.fit_production)
 
@@ -212,6 +218,10 @@ def whatif(
         float, typer.Option(min=0, help="Pod start-up: image pull + model load, seconds.")
     ] = 300.0,
     target: Annotated[str, typer.Option(help="Node-pool target: labels or karpenter.")] = "labels",
+    hpa_tolerance: Annotated[
+        str,
+        typer.Option(help="Flex HPA tolerance: cluster (controller flag) or behavior (per-HPA 0)."),
+    ] = "cluster",
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the result as JSON.")
     ] = None,
@@ -235,6 +245,7 @@ def whatif(
             prod_target_utilization,
             startup_s,
             _choice("--target", target, ("labels", "karpenter")),  # type: ignore[arg-type]
+            _choice("--hpa-tolerance", hpa_tolerance, HPA_TOLERANCES),  # type: ignore[arg-type]
         )
         if (base is None) != (head is None):
             raise UsageProblem("--base and --head go together")

@@ -6,10 +6,13 @@ label name changes in one place: the policy. Each ``expr`` is standalone (it rea
 exporter series, never another recorded series), so the tuner can also run it on backfilled
 data that no rule ever evaluated: ``build_catalogue(policy).query(KV_CACHE_HIT_RATE)``.
 
-Sources (names in ../shared/FACTS.md): dcgm-exporter (GPU utilization and framebuffer),
-kube-state-metrics (node labels, pod phases and status reasons, deployment replicas) and
-vLLM's own ``/metrics``. Flex evictions come from kube-state-metrics'
-``kube_pod_status_reason`` (docs/alerts.md says why, and what it misses).
+Sources (names in ../shared/FACTS.md): dcgm-exporter (GPU utilization with the pod holding
+each GPU, framebuffer), kube-state-metrics (node labels and allocatable GPUs, pod phases,
+GPU requests, priority classes, deletion marks and disruption reasons, deployment replicas)
+and vLLM's own ``/metrics``. The flex budget (``_Builder.budget``) is mirrored in Python by
+``runtime.sim.budget`` for the what-if engine; change both together. Flex evictions come from
+``runtime.metrics.evictions`` (``kube_pod_status_reason`` and, on kube-state-metrics >= 2.20,
+``kube_pod_status_disruption_reason``; docs/alerts.md says what each version sees).
 """
 
 from __future__ import annotations
@@ -19,16 +22,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from policy.base import duration_seconds
 from policy.nodepools import NodePool
 from policy.pool import PoolPolicy
 from policy.workloads import FlexWorkload
+from runtime.metrics.evictions import flex_evictions_expr
 
 CLUSTER_GPU_UTILIZATION = "gpupool:cluster_gpu_utilization:ratio"
 GPU_UTILIZATION = "gpupool:gpu_utilization:ratio"
 POOL_GPU_UTILIZATION = "gpupool:pool_gpu_utilization:ratio"
 GPU_MEMORY_USED = "gpupool:gpu_memory_used:ratio"
 FLEX_HEADROOM_GPUS = "gpupool:flex_headroom_gpus"
+PRODUCTION_GPU_UTILIZATION = "gpupool:production_gpu_utilization:ratio"
+UNALLOCATED_GPUS = "gpupool:unallocated_gpus"
+SPARE_GPUS = "gpupool:spare_gpus"
 FLEX_GPU_BUDGET = "gpupool:flex_gpu_budget"
 KV_CACHE_USAGE = "gpupool:kv_cache_usage:ratio"
 KV_CACHE_HIT_RATE = "gpupool:kv_cache_hit_rate:ratio"
@@ -37,9 +43,17 @@ VLLM_QUEUE_DEPTH = "gpupool:vllm_queue_depth"
 FLEX_EVICTIONS = "gpupool:flex_evictions:per_minute"
 PROD_PODS_PENDING = "gpupool:prod_pods_pending"
 FLEX_PODS_RUNNING = "gpupool:flex_pods_running"
+FLEX_HPA_AT_MAX = "gpupool:flex_hpa_at_max"
 
 BUDGET_LABEL = "workload"
 """Label of ``gpupool:flex_gpu_budget`` naming the workload; the HPA selects on it."""
+_BOUND = 'node!=""'
+_UNBOUND = 'node=""'
+"""kube-state-metrics' ``node`` label of a pod's requests: empty until the pod is bound."""
+
+HPA_TOLERANCE = 0.1
+"""The HPA controller's default ``--horizontal-pod-autoscaler-tolerance``: a desired/current
+ratio within 10 % of 1 changes nothing, so every budget step is larger than that."""
 HPA_METRIC = "gpupool_flex_gpu_budget"
 """External-metric name prometheus-adapter serves ``gpupool:flex_gpu_budget`` under."""
 
@@ -58,11 +72,24 @@ class Query:
 
 
 @dataclass(frozen=True)
+class Requirement:
+    """A series the catalogue reads from a source that has a row whenever the source is up
+    and set up as docs/alerts.md ("What gpupool needs from the cluster") says."""
+
+    selector: str
+    fix: str
+    """What to change when the source is up but this series is missing."""
+
+
+@dataclass(frozen=True)
 class Source:
     """An exporter the catalogue depends on, and a series whose absence means it is gone."""
 
     name: str
     selector: str
+    requires: tuple[Requirement, ...] = ()
+    """Further series of this source the catalogue needs; GpupoolMetricMissing fires for
+    each one missing while ``selector`` is present (the source runs without it)."""
 
 
 @dataclass(frozen=True)
@@ -115,72 +142,233 @@ class _Builder:
         """Selector of a vLLM metric (``name`` without prefix) of the flex instances."""
         return f'vllm:{name}{{namespace="{self.flex_ns}"}}'
 
-    def gpu_util_by_pool(self, pools: list[NodePool]) -> str:
-        """Per-GPU utilization (0-1) with a ``pool`` label, joined through the node's pool label."""
+    def node_pool(self, pools: list[NodePool]) -> str:
+        """``node`` -> ``pool`` of every node labelled with one of ``pools``."""
         ksm = ksm_label(self.policy.cluster.pool_label)
         names = "|".join(p.name for p in pools)
-        node_pool = (
+        return (
             f'max by (node, pool) (label_replace(kube_node_labels{{{ksm}=~"{names}"}}, '
             f'"pool", "$1", "{ksm}", "(.*)"))'
         )
+
+    def gpu_util_by_pool(self, pools: list[NodePool]) -> str:
+        """Per-GPU utilization (0-1) with a ``pool`` label, joined through the node's pool label."""
         gpu = (
             f'label_replace(DCGM_FI_DEV_GPU_UTIL, "node", "$1", "{self.m.gpu_node_label}", "(.*)")'
         )
-        return f"(({gpu}) / 100 * on (node) group_left (pool) {node_pool})"
+        return f"(({gpu}) / 100 * on (node) group_left (pool) {self.node_pool(pools)})"
 
     def cluster_utilization(self) -> str:
         return "(avg(DCGM_FI_DEV_GPU_UTIL) / 100)"
 
+    def live_pods(self, phase: str = "Pending|Running", namespace: str | None = None) -> str:
+        """1 per non-terminated pod (``phase`` a regex); the filter every GPU request joins."""
+        ns = f'namespace="{namespace}", ' if namespace else ""
+        return f'max by (namespace, pod) (kube_pod_status_phase{{{ns}phase=~"{phase}"}} == 1)'
+
+    def production_pods(self) -> str:
+        """1 per pod of the production PriorityClass."""
+        name = self.policy.priorities.production.name
+        return f'max by (namespace, pod) (kube_pod_info{{priority_class="{name}"}})'
+
+    def gpu_requests(self, matchers: str = "") -> str:
+        """GPUs each container requests (kube-state-metrics), narrowed by ``matchers``."""
+        extra = f", {matchers}" if matchers else ""
+        return f'kube_pod_container_resource_requests{{resource="{self.m.gpu_resource}"{extra}}}'
+
+    def schedulable_gpus(self, pools: list[NodePool]) -> str:
+        """Allocatable GPUs of each node of ``pools`` that accepts new pods, with its pool."""
+        alloc = f'max by (node) (kube_node_status_allocatable{{resource="{self.m.gpu_resource}"}})'
+        return (
+            f"({alloc} * on (node) group_left (pool) {self.node_pool(pools)}"
+            " unless on (node) (kube_node_spec_unschedulable == 1)"
+            ' unless on (node) (kube_node_status_condition{condition="Ready", status="true"}'
+            " == 0))"
+        )
+
+    def unallocated_by_node(self, pools: list[NodePool]) -> str:
+        """GPUs no live pod requests on each schedulable node of ``pools`` (what the scheduler
+        can still place): allocatable minus the requests of pods bound there, terminating
+        pods included since they hold their GPUs until they exit."""
+        sched = self.schedulable_gpus(pools)
+        requested = (
+            f"sum by (node) ({self.gpu_requests(_BOUND)}"
+            f" * on (namespace, pod) group_left () {self.live_pods()})"
+        )
+        return (
+            f"clamp_min({sched} - on (node) group_left () "
+            f"sum by (node) ({requested} or on (node) (0 * {sched})), 0)"
+        )
+
+    def reserve(self) -> str:
+        """GPUs every pool keeps unallocated: sum of floor(schedulable GPUs x reserve_ratio)."""
+        ratios = [p for p in self.policy.node_pools if p.reserve_ratio > 0]
+        if not ratios:
+            return "vector(0)"
+        constants = " or ".join(
+            f'label_replace(vector({num(p.reserve_ratio)}), "pool", "{p.name}", "", "")'
+            for p in ratios
+        )
+        per_pool = (
+            f"floor(sum by (pool) ({self.schedulable_gpus(ratios)}) * on (pool) ({constants}))"
+        )
+        return f"(sum({per_pool}) or vector(0))"
+
+    def pending_gpus(self, pods: str) -> str:
+        """GPUs requested by unbound Pending pods selected by ``pods`` (a 1-per-pod vector)."""
+        return (
+            f"(sum({self.gpu_requests(_UNBOUND)}"
+            f" * on (namespace, pod) group_left () {self.live_pods('Pending')}"
+            f" * on (namespace, pod) group_left () {pods}) or vector(0))"
+        )
+
+    def spare(self) -> str:
+        """Unallocated GPUs of all pools beyond their reserves and what production waits for.
+
+        Negative: production's burst room is under the reserve, so flex sheds the difference.
+        """
+        p = self.policy
+        free = f"sum({self.unallocated_by_node(p.node_pools)})"
+        waiting = self.pending_gpus(self.production_pods())
+        return f"({free} - {self.reserve()} - {waiting})"
+
+    def flex_pending(self) -> str:
+        flex = f'max by (namespace, pod) (kube_pod_info{{namespace="{self.flex_ns}"}})'
+        return self.pending_gpus(flex)
+
     def headroom(self, pool: NodePool) -> str:
-        """Idle GPUs of one flex pool minus its reserve, never below zero."""
-        gpus = self.gpu_util_by_pool([pool])
-        idle = f"sum by (pool) ({gpus} < bool {num(self.policy.elastic.idle_gpu_below)})"
-        if pool.reserve_ratio > 0:
-            idle = f"({idle} - floor(count by (pool) ({gpus}) * {num(pool.reserve_ratio)}))"
-        return f"clamp_min({idle}, 0)"
+        """GPUs flex may still grow into on ``pool``: its unallocated GPUs, at most the spare
+        beyond every reserve (less flex pods already waiting), never below zero."""
+        free = f"sum by (pool) ({self.unallocated_by_node([pool])})"
+        room = f"({self.spare()} - {self.flex_pending()})"
+        # group_left keeps ``pool``: a one-to-one match on () would drop every label.
+        fits = f"({free} <= on () group_left () {room})"
+        capped = f"((0 * {free}) + on () group_left () {room})"
+        return f"clamp_min({fits} or on () {capped}, 0)"
+
+    def production_utilization(self) -> str:
+        """The pools' GPU utilization counting production's pods only: the duty cycle of the
+        GPUs production pods hold, summed, over every schedulable GPU of the pools.
+
+        This is the brief's "cluster GPU utilization" with flex's own load left out (flex and
+        free GPUs count as idle), so flex can never shed itself. 0 when production holds no
+        GPU; absent (the budget then never grows) when production holds GPUs but
+        dcgm-exporter does not attribute them to pods (``metrics.gpu_pod_labels``).
+        """
+        ns, pod = self.m.gpu_pod_labels
+        gpu = "DCGM_FI_DEV_GPU_UTIL"
+        for want, have in (("namespace", ns), ("pod", pod)):
+            if have != want:
+                gpu = f'label_replace({gpu}, "{want}", "$1", "{have}", "(.+)")'
+        held = (
+            f"sum({self.gpu_requests(_BOUND)}"
+            f" * on (namespace, pod) group_left () {self.live_pods()}"
+            f" * on (namespace, pod) group_left () {self.production_pods()})"
+        )
+        busy = (
+            f"(sum({gpu} / 100 * on (namespace, pod) group_left () {self.production_pods()})"
+            f" or (vector(0) unless on () {held}))"
+        )
+        return f"({busy} / sum({self.schedulable_gpus(self.policy.node_pools)}))"
+
+    def held(self, workload: FlexWorkload) -> str:
+        """GPUs the workload's bound, not-terminating pods request; 0 when none is bound, and
+        no series when its Deployment does not exist. Pods the scheduler could not place do
+        not count, so a budget never keeps replicas that only wait."""
+        pods = f'pod=~"{workload.name}-[a-z0-9]+-[a-z0-9]+", namespace="{self.flex_ns}"'
+        bound = (
+            f"sum(({self.gpu_requests(f'{pods}, {_BOUND}')}"
+            f" * on (namespace, pod) group_left () {self.live_pods(namespace=self.flex_ns)})"
+            " unless on (namespace, pod) kube_pod_deletion_timestamp)"
+        )
+        spec = self.spec_replicas(workload)
+        return f"(({bound} + 0 * {spec}) or (0 * {spec}))"
+
+    def spec_replicas(self, workload: FlexWorkload) -> str:
+        return (
+            f'sum(kube_deployment_spec_replicas{{namespace="{self.flex_ns}", '
+            f'deployment="{workload.name}"}})'
+        )
 
     def budget(self, workload: FlexWorkload) -> str:
-        """GPUs ``workload`` may occupy: grow into its share of headroom, shed a replica, or hold.
+        """GPUs ``workload`` may occupy: the GPUs it holds plus one of four steps.
 
-        Missing data yields no series (the HPA then holds), never more flex load.
+        1. The spare (unallocated GPUs beyond every reserve and pending production) is
+           negative: shed the shortfall, split over the pool's workloads, at least one HPA
+           step.
+        2. Production keeps more than ``shed_while_production_above`` of the pools' GPUs busy:
+           shed one HPA step.
+        3. Production keeps less than ``grow_while_production_below`` busy: grow into the
+           smaller
+           of the workload's placeable GPUs and the spare (less waiting flex pods), split over
+           the pool's workloads, in whole replicas.
+        4. Otherwise hold.
+
+        An HPA step is ``floor(replicas x HPA_TOLERANCE) + 1`` replicas: the smallest change
+        the HPA's default 10 % tolerance does not swallow. Missing data never grows flex:
+        without kube-state-metrics there is no series (the HPA holds); without production's
+        utilization only the reserve shed (1) and the hold (4) remain.
         """
         elastic, g = self.policy.elastic, workload.gpus_per_replica
         pool = self.policy.pool_of(workload)
         sharing = sum(1 for w in self.policy.workloads if w.pool == workload.pool)
-        cluster = self.cluster_utilization()
-        held = (
-            f'sum(kube_deployment_spec_replicas{{namespace="{self.flex_ns}", '
-            f'deployment="{workload.name}"}}) * {g}'
-        )
-        step = (
-            f"(floor(sum({self.headroom(pool)}) / {sharing * g}) * {g}"
-            f" and on () ({cluster} < {num(elastic.scale_up_below)}))"
-            f" or (vector(-{g}) and on () ({cluster} > {num(elastic.shed_above)}))"
-            f" or (0 * {cluster})"
+        spare, prod = self.spare(), self.production_utilization()
+        step = f"((floor({self.spec_replicas(workload)} * {num(HPA_TOLERANCE)}) + 1) * {g})"
+        shortfall = f"(ceil(-{spare} / {sharing * g}) * {g})"
+        room = f"((sum(floor({self.unallocated_by_node([pool])} / {g})) * {g}) or vector(0))"
+        spare_for_flex = f"({spare} - {self.flex_pending()})"
+        fit = f"(({room} <= on () {spare_for_flex}) or on () {spare_for_flex})"
+        change = (
+            f"(-(({shortfall} >= on () {step}) or on () {step}) and on () ({spare} < 0))"
+            f" or (-{step} and on () ({prod} > {num(elastic.shed_while_production_above)}))"
+            f" or (clamp_min(floor({fit} / {sharing * g}) * {g}, 0)"
+            f" and on () ({prod} < {num(elastic.grow_while_production_below)}))"
+            f" or (0 * {spare})"
         )
         return (
-            f'label_replace(clamp_min({held} + ({step}), 0), "{BUDGET_LABEL}", '
+            f'label_replace(clamp_min({self.held(workload)} + ({change}), 0), "{BUDGET_LABEL}", '
             f'"{workload.name}", "", "")'
         )
 
+    def prod_unschedulable(self) -> str:
+        """Production pods requesting GPUs the scheduler cannot place (``PodScheduled=False``,
+        reason ``Unschedulable``; kube-state-metrics exports the series only while that holds),
+        counted; ``0 * count(kube_pod_info)`` records 0, not nothing, while kube-state-metrics
+        is up, so the tuner can tell "none waiting" from "no data"."""
+        unschedulable = "(max by (namespace, pod) (kube_pod_status_unschedulable) == 1)"
+        wants_gpus = f"(sum by (namespace, pod) ({self.gpu_requests()}) > 0)"
+        return (
+            f"(count({unschedulable} and on (namespace, pod) {wants_gpus}"
+            f" and on (namespace, pod) {self.production_pods()})"
+            " or (0 * count(kube_pod_info)))"
+        )
+
+    def min_queried_tokens(self) -> str:
+        """Filter on an instance's queried tokens per second: ``> 0`` (no division by zero)
+        or at least the policy's minimum."""
+        floor = self.policy.alerting.thresholds.kv_hit_rate.min_queried_tokens_per_s
+        return f">= {num(floor)}" if floor > 0 else "> 0"
+
     def evictions(self) -> str:
-        """Flex pods whose eviction/preemption reason turned on within the window, per minute."""
-        reasons = "|".join(self.m.eviction_reasons)
-        sel = f'kube_pod_status_reason{{namespace="{self.flex_ns}", reason=~"{reasons}"}}'
-        turned_on = f"max_over_time({sel}[{self.window}]) - min_over_time({sel}[{self.window}])"
-        minutes = num(duration_seconds(self.window) / 60)
-        zero = f'0 * sum by (namespace) (kube_pod_status_phase{{namespace="{self.flex_ns}"}})'
-        return f"(sum by (namespace) ({turned_on}) / {minutes}) or ({zero})"
+        """Flex pods first seen disrupted within the window, per minute, by canonical reason."""
+        return flex_evictions_expr(self.policy)
 
     def catalogue(self) -> Catalogue:
         p, w, by = self.policy, self.window, self.by_instance
         all_pools = self.gpu_util_by_pool(p.node_pools)
-        prod_class = p.priorities.production.name
         queries = [
             Query(
                 CLUSTER_GPU_UTILIZATION,
                 self.cluster_utilization(),
-                "Mean utilization of every GPU dcgm-exporter reports; drives grow/shed.",
+                "Mean utilization of every GPU dcgm-exporter reports (flex included; shown, "
+                "never decided on).",
+                "ratio",
+            ),
+            Query(
+                PRODUCTION_GPU_UTILIZATION,
+                self.production_utilization(),
+                "The pools' GPU utilization from production's pods alone (flex and free GPUs "
+                "count as idle); the grow/shed signal.",
                 "ratio",
             ),
             Query(GPU_UTILIZATION, all_pools, "Utilization of each GPU, with its pool.", "ratio"),
@@ -197,9 +385,22 @@ class _Builder:
                 "ratio",
             ),
             Query(
+                UNALLOCATED_GPUS,
+                f"sum by (pool) ({self.unallocated_by_node(p.node_pools)})",
+                "GPUs no live pod requests on the schedulable nodes of each pool.",
+                "gpus",
+            ),
+            Query(
+                SPARE_GPUS,
+                self.spare(),
+                "Unallocated GPUs beyond every pool's reserve and pending production requests; "
+                "below 0 flex sheds the difference.",
+                "gpus",
+            ),
+            Query(
                 FLEX_HEADROOM_GPUS,
                 " or ".join(self.headroom(pool) for pool in p.flex_pools),
-                "Idle GPUs (below elastic.idle_gpu_below) of each flex pool, less its reserve.",
+                "GPUs flex may still grow into on each flex pool (unallocated, within the spare).",
                 "gpus",
             ),
             *(
@@ -224,8 +425,10 @@ class _Builder:
                 KV_CACHE_HIT_RATE,
                 f"sum by ({by}) (rate({self.vllm('prefix_cache_hits_total')}[{w}]))"
                 f" / (sum by ({by}) (rate({self.vllm('prefix_cache_queries_total')}[{w}]))"
-                " > 0)",
-                "Prefix-cache hits per queried token; absent where an instance had no queries.",
+                f" {self.min_queried_tokens()})",
+                "Prefix-cache hits per queried token; absent where an instance queried fewer "
+                "than alerting.thresholds.kv_hit_rate.min_queried_tokens_per_s tokens per "
+                "second (or none), so a nearly idle instance never fires.",
                 "ratio",
             ),
             Query(
@@ -244,14 +447,18 @@ class _Builder:
             Query(
                 FLEX_EVICTIONS,
                 self.evictions(),
-                "Flex pods evicted or preempted per minute (kube_pod_status_reason).",
+                "Flex pods disrupted per minute by reason (preemption, eviction-api, kubelet, "
+                "node, other), each pod once: kube_pod_status_reason and (KSM >= 2.20) "
+                "kube_pod_status_disruption_reason.",
                 "per_minute",
             ),
             Query(
                 PROD_PODS_PENDING,
-                f'sum(kube_pod_status_phase{{phase="Pending"}} * on (namespace, pod) group_left () '
-                f'max by (namespace, pod) (kube_pod_info{{priority_class="{prod_class}"}}))',
-                "Pending pods of the production PriorityClass.",
+                self.prod_unschedulable(),
+                "Pods of the production PriorityClass that request GPUs and that the scheduler "
+                "cannot place (kube_pod_status_unschedulable); 0 when none, absent without "
+                "kube-state-metrics. Pending pods already bound to a node (pulling images, "
+                "running init containers) do not count.",
                 "pods",
             ),
             Query(
@@ -260,11 +467,69 @@ class _Builder:
                 "Running pods in the flex namespace.",
                 "pods",
             ),
+            Query(
+                FLEX_HPA_AT_MAX,
+                "label_replace(max by (namespace, horizontalpodautoscaler) "
+                f'(kube_horizontalpodautoscaler_status_current_replicas{{namespace="{self.flex_ns}"}})'
+                " >= bool on (namespace, horizontalpodautoscaler) "
+                "max by (namespace, horizontalpodautoscaler) "
+                f'(kube_horizontalpodautoscaler_spec_max_replicas{{namespace="{self.flex_ns}"}}), '
+                f'"{BUDGET_LABEL}", "$1", "horizontalpodautoscaler", "(.*)")',
+                "1 where a flex workload's HPA runs its maxReplicas (kube-state-metrics), else 0; "
+                "the tuner widens max_replicas only there.",
+                "bool",
+            ),
         ]
+        return Catalogue(tuple(queries), tuple(self.sources()))
+
+    def sources(self) -> list[Source]:
+        """The exporters gpupool needs, and what it reads from each (the one list of them:
+        staleness and prerequisite alerts and docs/alerts.md follow it)."""
+        gpu, flex = self.m.gpu_resource, self.flex_ns
+        keep = "keep it out of --metric-denylist (and in --metric-allowlist if one is set)"
+
+        def resource(name: str) -> str:
+            return f"add {name} to kube-state-metrics' --resources and {keep}"
+
+        dropped = f"kube-state-metrics drops it (its pods resource is on): {keep}"
+        ksm_needs = [
+            Requirement("kube_node_labels", resource("nodes")),
+            Requirement(
+                f'kube_node_status_allocatable{{resource="{gpu}"}}',
+                f"no node advertises {gpu}: check the GPU device plugin and "
+                f"metrics.gpu_resource, or {resource('nodes')}",
+            ),
+            Requirement("kube_pod_info", dropped),
+            Requirement("kube_pod_container_resource_requests", dropped),
+        ]
+        if self.policy.workloads:
+            ksm_needs += [
+                Requirement(
+                    f'kube_deployment_spec_replicas{{namespace="{flex}"}}',
+                    resource("deployments"),
+                ),
+                Requirement(
+                    f'kube_horizontalpodautoscaler_spec_max_replicas{{namespace="{flex}"}}',
+                    resource("horizontalpodautoscalers"),
+                ),
+            ]
+        dcgm_needs = (
+            Requirement(
+                f'up{{job=~"{self.m.dcgm_job}"}}',
+                "no scrape job matches metrics.dcgm_job: set it to the job of the dcgm-exporter "
+                "targets (count by (job) (DCGM_FI_DEV_GPU_UTIL)); GPUExporterDown is blind",
+            ),
+            *(
+                Requirement(
+                    field, f"add {field} to dcgm-exporter's counters CSV (it is a default counter)"
+                )
+                for field in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")
+            ),
+        )
         sources = [
-            Source("dcgm-exporter", "DCGM_FI_DEV_GPU_UTIL"),
-            Source("kube-state-metrics", "kube_pod_status_phase"),
+            Source("dcgm-exporter", "DCGM_FI_DEV_GPU_UTIL", dcgm_needs),
+            Source("kube-state-metrics", "kube_pod_status_phase", tuple(ksm_needs)),
         ]
-        if p.workloads:
+        if self.policy.workloads:
             sources.append(Source("vllm", self.vllm("kv_cache_usage_perc")))
-        return Catalogue(tuple(queries), tuple(sources))
+        return sources

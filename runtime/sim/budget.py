@@ -2,80 +2,172 @@
 
 ``runtime.metrics.catalogue`` turns the policy into PromQL that Prometheus evaluates in the
 cluster; the what-if engine needs the same number from simulated exporter values at every
-evaluation. This module mirrors ``_Builder.headroom`` and ``_Builder.budget`` term by term
-(same inputs, thresholds, floors and clamps, the same "no series" outcomes), and
-``tests/sim/test_budget_promql.py`` proves the two equal by writing sampled simulated states
-into a real Prometheus and evaluating the catalogue's query there. Change both together.
+evaluation. This module mirrors ``_Builder.spare``, ``headroom``, ``production_utilization``
+and ``budget`` term by term (same inputs, thresholds, floors and clamps, the same "no series"
+outcomes), and ``tests/sim/test_budget_promql.py`` proves the two equal by writing sampled
+simulated states into a real Prometheus and evaluating the catalogue's queries there. Change
+both together.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import Literal
 
 from policy.nodepools import NodePool
 from policy.pool import PoolPolicy
 from policy.workloads import FlexWorkload
+from runtime.metrics.catalogue import HPA_TOLERANCE
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node as kube-state-metrics reports it.
+
+    ``pool`` is the value of its pool label (None: not a gpupool node); ``schedulable`` is
+    false for cordoned or NotReady nodes."""
+
+    name: str
+    pool: str | None
+    allocatable: int
+    schedulable: bool = True
+
+
+@dataclass(frozen=True)
+class PodState:
+    """One non-terminated GPU pod: kube-state-metrics' view plus dcgm-exporter's duty cycle.
+
+    ``node`` is None until the pod is bound; ``util_pct`` is the ``DCGM_FI_DEV_GPU_UTIL``
+    of each of its GPUs (None: unbound, so no GPU reports it).
+    """
+
+    namespace: str
+    name: str
+    gpus: int
+    phase: Literal["Pending", "Running"]
+    node: str | None = None
+    production: bool = False
+    terminating: bool = False
+    util_pct: float | None = None
 
 
 @dataclass(frozen=True)
 class ExporterView:
-    """What the budget query reads, as the exporters would report it at one instant.
+    """What the budget queries read at one instant. ``spec_replicas`` is
+    ``kube_deployment_spec_replicas`` of each flex Deployment (absent: no series)."""
 
-    ``gpu_util_pct`` holds ``DCGM_FI_DEV_GPU_UTIL`` (percent) of every GPU on a node that
-    carries the pool label, keyed by pool; ``unpooled_util_pct`` those of GPUs on nodes
-    without it (they count in the cluster mean, not in any pool). ``spec_replicas`` is
-    ``kube_deployment_spec_replicas`` of each flex Deployment (absent: no series).
-    """
-
-    gpu_util_pct: Mapping[str, NDArray[np.float64]]
+    nodes: tuple[NodeState, ...]
+    pods: tuple[PodState, ...]
     spec_replicas: Mapping[str, int]
-    unpooled_util_pct: NDArray[np.float64] | None = None
 
-    def cluster_utilization(self) -> float | None:
-        """``avg(DCGM_FI_DEV_GPU_UTIL) / 100``; None when no GPU reports."""
-        parts = [*self.gpu_util_pct.values()]
-        if self.unpooled_util_pct is not None:
-            parts.append(self.unpooled_util_pct)
-        values = np.concatenate(parts) if parts else np.empty(0)
-        if values.size == 0:
-            return None
-        return math.fsum(values.tolist()) / values.size / 100
+    def schedulable(self, pools: set[str]) -> list[NodeState]:
+        return [n for n in self.nodes if n.pool in pools and n.schedulable]
+
+    def unallocated(self, pools: set[str]) -> dict[str, int]:
+        """``_Builder.unallocated_by_node``: free GPUs per schedulable node of ``pools``."""
+        nodes = {n.name: n.allocatable for n in self.schedulable(pools)}
+        for pod in self.pods:
+            if pod.node in nodes:
+                nodes[pod.node] -= pod.gpus
+        return {name: max(free, 0) for name, free in nodes.items()}
+
+
+def _names(pools: list[NodePool]) -> set[str]:
+    return {p.name for p in pools}
+
+
+def reserve(policy: PoolPolicy, view: ExporterView) -> int:
+    """``_Builder.reserve``: floor(schedulable GPUs x reserve_ratio), summed over pools."""
+    total = 0
+    for pool in policy.node_pools:
+        nodes = view.schedulable({pool.name})
+        if pool.reserve_ratio > 0 and nodes:
+            total += math.floor(sum(n.allocatable for n in nodes) * pool.reserve_ratio)
+    return total
+
+
+def _pending(view: ExporterView, *, production: bool | None, namespace: str | None) -> int:
+    return sum(
+        p.gpus
+        for p in view.pods
+        if p.node is None
+        and p.phase == "Pending"
+        and (production is None or p.production == production)
+        and (namespace is None or p.namespace == namespace)
+    )
+
+
+def spare(policy: PoolPolicy, view: ExporterView) -> int | None:
+    """``_Builder.spare``: unallocated GPUs beyond the reserves and pending production."""
+    free = view.unallocated(_names(policy.node_pools))
+    if not free:
+        return None
+    waiting = _pending(view, production=True, namespace=None)
+    return sum(free.values()) - reserve(policy, view) - waiting
+
+
+def _flex_pending(policy: PoolPolicy, view: ExporterView) -> int:
+    return _pending(view, production=None, namespace=policy.cluster.flex_namespace)
 
 
 def headroom(policy: PoolPolicy, pool: NodePool, view: ExporterView) -> float | None:
-    """``_Builder.headroom``: idle GPUs of ``pool`` minus floor(GPUs x reserve), at least 0."""
-    util = view.gpu_util_pct.get(pool.name)
-    if util is None or util.size == 0:
+    """``_Builder.headroom``: min(pool's unallocated GPUs, spare - waiting flex), at least 0."""
+    free = view.unallocated({pool.name})
+    room = spare(policy, view)
+    if not free or room is None:
         return None
-    idle = float(np.count_nonzero(util / 100 < policy.elastic.idle_gpu_below))
-    if pool.reserve_ratio > 0:
-        idle -= math.floor(util.size * pool.reserve_ratio)
-    return max(idle, 0.0)
+    return float(max(min(sum(free.values()), room - _flex_pending(policy, view)), 0))
+
+
+def production_utilization(policy: PoolPolicy, view: ExporterView) -> float | None:
+    """``_Builder.production_utilization``: production's busy GPU-equivalents over the pools'
+    schedulable GPUs; 0 if production holds none, None when it holds GPUs that no dcgm series
+    attributes to it or no node is schedulable."""
+    total = sum(n.allocatable for n in view.schedulable(_names(policy.node_pools)))
+    busy = [p.util_pct / 100 * p.gpus for p in view.pods if p.production and p.util_pct is not None]
+    holds = any(p.production and p.node is not None for p in view.pods)
+    if total == 0 or (holds and not busy):
+        return None
+    return math.fsum(busy) / total
+
+
+def held(policy: PoolPolicy, workload: FlexWorkload, view: ExporterView) -> int:
+    """``_Builder.held``: GPUs of the workload's bound pods that are not terminating."""
+    pattern = re.compile(rf"{re.escape(workload.name)}-[a-z0-9]+-[a-z0-9]+")
+    return sum(
+        p.gpus
+        for p in view.pods
+        if p.namespace == policy.cluster.flex_namespace
+        and pattern.fullmatch(p.name)
+        and p.node is not None
+        and not p.terminating
+    )
 
 
 def budget(policy: PoolPolicy, workload: FlexWorkload, view: ExporterView) -> float | None:
-    """``_Builder.budget``: GPUs ``workload`` may occupy, or None where PromQL has no series.
-
-    None (the HPA then holds) when the Deployment's replicas or every GPU series is missing.
-    """
+    """``_Builder.budget``: GPUs ``workload`` may occupy, or None where PromQL has no series."""
     replicas = view.spec_replicas.get(workload.name)
-    cluster = view.cluster_utilization()
-    if replicas is None or cluster is None:
+    room_all = spare(policy, view)
+    if replicas is None or room_all is None:
         return None
     g = workload.gpus_per_replica
     elastic = policy.elastic
     sharing = sum(1 for w in policy.workloads if w.pool == workload.pool)
-    room = headroom(policy, policy.pool_of(workload), view)
-    step: float
-    if room is not None and cluster < elastic.scale_up_below:
-        step = math.floor(room / (sharing * g)) * g
-    elif cluster > elastic.shed_above:
-        step = -g
+    step = (math.floor(replicas * HPA_TOLERANCE) + 1) * g
+    prod = production_utilization(policy, view)
+    change: float
+    if room_all < 0:
+        change = -max(math.ceil(-room_all / (sharing * g)) * g, step)
+    elif prod is not None and prod > elastic.shed_while_production_above:
+        change = -step
+    elif prod is not None and prod < elastic.grow_while_production_below:
+        free = view.unallocated({workload.pool})
+        placeable = sum(f // g for f in free.values()) * g
+        fit = min(placeable, room_all - _flex_pending(policy, view))
+        change = max(math.floor(fit / (sharing * g)) * g, 0)
     else:
-        step = 0.0
-    return max(replicas * g + step, 0.0)
+        change = 0
+    return float(max(held(policy, workload, view) + change, 0))

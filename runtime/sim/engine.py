@@ -27,11 +27,19 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from infra.builders.workload import autoscaler
+from infra.builders.workload import HpaTolerance, autoscaler
 from policy.base import duration_seconds
 from policy.pool import PoolPolicy
 from policy.workloads import FlexWorkload
-from runtime.sim.budget import ExporterView, budget
+from runtime.sim.budget import (
+    ExporterView,
+    NodeState,
+    PodState,
+    budget,
+    held,
+    production_utilization,
+    spare,
+)
 from runtime.sim.cluster import Cluster, Eviction, Node, Phase, Pod
 from runtime.sim.hpa import HpaSpec, HpaState, reconcile
 from runtime.sim.serving import Fleet, Requests, StepLatencies, StepResult
@@ -72,7 +80,8 @@ class Settings:
     target: Literal["labels", "karpenter"] = "labels"
     karpenter_delay_s: float = 180.0
     """Karpenter: from a pending pod to a ready GPU node."""
-    hpa_tolerance: float = 0.1
+    hpa_tolerance: HpaTolerance = "cluster"
+    """The stack option ``gpupool:hpaTolerance`` the flex HPAs are rendered with."""
 
     @property
     def steps(self) -> int:
@@ -131,9 +140,13 @@ class Series:
     evictions: list[int] = field(default_factory=list)
     flex_tokens: list[int] = field(default_factory=list)
     self_shed: list[int] = field(default_factory=list)
-    """Steps where a budget shed flex while production had no pending pod."""
+    """Workloads whose budget was below the GPUs they held while production needed nothing
+    (its share under the shed threshold and the unallocated GPUs above every reserve)."""
+    prod_wait_max_s: list[float] = field(default_factory=list)
+    """Longest a pending production pod had waited, at each step."""
     budget_over_free: list[int] = field(default_factory=list)
-    """GPUs of budget beyond what the flex pool could place (held + unallocated)."""
+    """GPUs of budget beyond what the flex pool could place (held + unallocated), at the
+    steps the budget was evaluated (in between it is as stale as the recording rule)."""
     util_by_pool: dict[str, list[float]] = field(default_factory=dict)
     """Mean GPU duty cycle of each pool (what dcgm-exporter reports, averaged)."""
     alloc_by_pool: dict[str, list[float]] = field(default_factory=dict)
@@ -245,6 +258,7 @@ def replay_fixed(
             prod_need=prod_gpus,
             prod_gpus=prod_gpus,
             prod_pending=0,
+            prod_wait_max_s=0.0,
             prod_busy_served=float(busy),
             prod_busy=float(busy),
             flex_gpus=flex_gpus,
@@ -337,14 +351,15 @@ class _PooledLoop:
         self.totals = {name: FleetTotals() for name in self.fleets}
         self.hpas = {
             name: HpaSpec.from_manifest(
-                _with_max(autoscaler(policy, w), layout.max_replicas[name]),
-                tolerance=settings.hpa_tolerance,
+                _with_max(autoscaler(policy, w, settings.hpa_tolerance), layout.max_replicas[name])
             )
             for name, w in self.workloads.items()
         }
         self.hpa_state = {name: HpaState() for name in self.workloads}
         self.spec = {name: w.min_replicas for name, w in self.workloads.items()}
         self.budget: dict[str, float | None] = dict.fromkeys(self.workloads)
+        self.held = dict.fromkeys(self.workloads, 0)
+        self.production_needs = False
         self.flex_util = dict.fromkeys(self.workloads, 0.0)
         self.need = settings.production.replicas(trace)
         self.eval_every = max(
@@ -352,6 +367,7 @@ class _PooledLoop:
             round(duration_seconds(policy.metrics.evaluation_interval) / settings.step_s),
         )
         self.prod_pools = (policy.prod_pool.name, *(p.name for p in policy.flex_pools))
+        self.flex_ns = policy.cluster.flex_namespace
         self.series = Series()
         for pool in layout.nodes:
             self.series.util_by_pool[pool] = []
@@ -399,19 +415,25 @@ class _PooledLoop:
             tokens += result.output_tokens
         util = _exporter_util(c, prod_util, self.flex_util)
         if step % self.eval_every == 0:
-            view = ExporterView(util, dict(self.spec))
+            view = _exporter_view(c, now, prod_util, self.flex_util, self.spec, self.flex_ns)
             if self.observe is not None:
                 self.observe(now, view)
+            room, load = spare(self.policy, view), production_utilization(self.policy, view)
+            self.production_needs = (room is not None and room < 0) or (
+                load is not None and load > self.policy.elastic.shed_while_production_above
+            )
             for name, w in self.workloads.items():
                 self.budget[name] = budget(self.policy, w, view)
-        prod_pending = sum(1 for p in c.by_phase[Phase.PENDING] if p.production)
+                self.held[name] = held(self.policy, w, view)
+        waiting = [now - p.pending_since for p in c.by_phase[Phase.PENDING] if p.production]
         self_shed = over = 0
         for name, w in self.workloads.items():
             b = self.budget[name]
             if b is not None:
-                if b < self.spec[name] * w.gpus_per_replica and prod_pending == 0:
+                if b < self.held[name] and not self.production_needs:
                     self_shed += 1
-                over = max(over, int(b - self._placeable(name, w)))
+                if step % self.eval_every == 0:  # against the state it was computed from
+                    over = max(over, int(b - self._placeable(name, w)))
             self.spec[name] = reconcile(
                 self.hpas[name],
                 self.hpa_state[name],
@@ -420,7 +442,8 @@ class _PooledLoop:
                 metric=b,
             )
         self.series.prod_busy.append(float(busy))
-        self._record(now, want, prod_pending, served, util, evictions, tokens, self_shed, over)
+        self.series.prod_wait_max_s.append(max(waiting, default=0.0))
+        self._record(now, want, len(waiting), served, util, evictions, tokens, self_shed, over)
 
     def _flex_pod(self, w: FlexWorkload, now: float) -> Callable[[], Pod]:
         prio = self.policy.priorities.idle_inference
@@ -533,6 +556,50 @@ def _exporter_util(
             counts.append(node.free)
         out[pool] = np.repeat(np.array(values, dtype=np.float64), np.array(counts, dtype=np.int64))
     return out
+
+
+PRODUCTION_NAMESPACE = "production"
+
+
+def _exporter_view(
+    cluster: Cluster,
+    now: float,
+    prod_util: float,
+    flex_util: dict[str, float],
+    spec: dict[str, int],
+    flex_namespace: str,
+) -> ExporterView:
+    """What kube-state-metrics and dcgm-exporter would report: nodes (a node still being
+    provisioned is NotReady), every live pod with its node, phase and deletion mark, and
+    the duty cycle of the GPUs bound pods hold (starting pods report 0)."""
+    nodes = tuple(
+        NodeState(node.name, pool, node.gpus, schedulable=node.ready_at <= now)
+        for pool, members in cluster.nodes.items()
+        for node in members
+    )
+    pct = {owner: round(u * 100, 6) for owner, u in flex_util.items()}
+    pct[PRODUCTION] = round(prod_util * 100, 6)
+    pods = []
+    for pod in cluster.pods:
+        if pod.phase is Phase.GONE:
+            continue
+        pods.append(
+            PodState(
+                PRODUCTION_NAMESPACE if pod.production else flex_namespace,
+                f"{pod.owner}-sim-{pod.uid:05d}",
+                pod.gpus,
+                "Pending" if pod.phase is Phase.PENDING else "Running",
+                node=None if pod.node is None else pod.node.name,
+                production=pod.production,
+                terminating=pod.phase is Phase.TERMINATING,
+                util_pct=None
+                if pod.node is None
+                else pct[pod.owner]
+                if pod.phase is Phase.RUNNING
+                else 0.0,
+            )
+        )
+    return ExporterView(nodes, tuple(pods), dict(spec))
 
 
 def _with_max(hpa: dict[str, object], max_replicas: int) -> dict[str, object]:

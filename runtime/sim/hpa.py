@@ -109,7 +109,9 @@ class HpaSpec:
 
     ``target_average_value`` is the External metric's ``AverageValue`` target (the controller
     uses its milli-value, rounded up like ``Quantity.MilliValue``). ``tolerance`` is the
-    controller flag, the same for both directions. ``scale_down_stabilization_s`` is the
+    controller flag; ``scale_up_tolerance`` / ``scale_down_tolerance`` are the HPA's own
+    ``behavior.*.tolerance`` (``HPAConfigurableTolerance``), which replace it for their
+    direction when set. ``scale_down_stabilization_s`` is the
     resolved window: a manifest without one gets the controller flag, see ``from_manifest``.
     """
 
@@ -117,6 +119,8 @@ class HpaSpec:
     max_replicas: int
     target_average_value: float
     tolerance: float = DEFAULT_TOLERANCE
+    scale_up_tolerance: float | None = None
+    scale_down_tolerance: float | None = None
     scale_up_stabilization_s: int = DEFAULT_SCALE_UP_STABILIZATION_S
     scale_down_stabilization_s: int = DEFAULT_DOWNSCALE_STABILIZATION_S
     scale_up_policies: tuple[ScalingPolicy, ...] = DEFAULT_SCALE_UP_POLICIES
@@ -137,8 +141,10 @@ class HpaSpec:
             raise ValueError(
                 f"target_average_value: must be a positive number, got {self.target_average_value}"
             )
-        if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
-            raise ValueError(f"tolerance: must be >= 0, got {self.tolerance}")
+        for name in ("tolerance", "scale_up_tolerance", "scale_down_tolerance"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}: must be >= 0, got {value}")
         for name in ("scale_up_stabilization_s", "scale_down_stabilization_s"):
             window = getattr(self, name)
             if not 0 <= window <= MAX_STABILIZATION_WINDOW_S:
@@ -175,8 +181,8 @@ class HpaSpec:
         (``maybeInitScaleDownStabilizationWindow``). ``tolerance`` is the controller flag.
         Anything else raises ``ValueError`` naming the field: other metric types or targets,
         several metrics, no ``behavior`` (the controller then runs its legacy
-        ``normalizeDesiredReplicas`` path, not ported), per-rule ``tolerance``
-        (``HPAConfigurableTolerance``, not ported), unknown keys.
+        ``normalizeDesiredReplicas`` path, not ported), unknown keys. A rule's ``tolerance``
+        (``HPAConfigurableTolerance``) is read as the controller does with the gate on.
         """
         if hpa.get("apiVersion") != "autoscaling/v2":
             raise ValueError(f"apiVersion: expected autoscaling/v2, got {hpa.get('apiVersion')!r}")
@@ -195,13 +201,13 @@ class HpaSpec:
             )
         behavior = _mapping(spec["behavior"], "spec.behavior")
         _known_keys(behavior, {"scaleUp", "scaleDown"}, "spec.behavior")
-        up_window, up_select, up_policies = _rules(
+        up_window, up_select, up_policies, up_tolerance = _rules(
             behavior.get("scaleUp"),
             "spec.behavior.scaleUp",
             default_window=DEFAULT_SCALE_UP_STABILIZATION_S,
             default_policies=DEFAULT_SCALE_UP_POLICIES,
         )
-        down_window, down_select, down_policies = _rules(
+        down_window, down_select, down_policies, down_tolerance = _rules(
             behavior.get("scaleDown"),
             "spec.behavior.scaleDown",
             default_window=downscale_stabilization_s,
@@ -213,6 +219,8 @@ class HpaSpec:
                 max_replicas=max_replicas,
                 target_average_value=float(target),
                 tolerance=tolerance,
+                scale_up_tolerance=up_tolerance,
+                scale_down_tolerance=down_tolerance,
                 scale_up_stabilization_s=up_window,
                 scale_down_stabilization_s=down_window,
                 scale_up_policies=up_policies,
@@ -301,7 +309,11 @@ def reconcile(
         if usage_milli is None:
             return current_replicas  # FailedComputeMetricsReplicas: no scale, nothing recorded
         proposal = get_external_per_pod_metric_replicas(
-            status, spec.target_milli, usage_milli, spec.tolerance
+            status,
+            spec.target_milli,
+            usage_milli,
+            down=_or(spec.scale_down_tolerance, spec.tolerance),
+            up=_or(spec.scale_up_tolerance, spec.tolerance),
         )
         desired = max(0, proposal)
         desired = normalize_desired_replicas_with_behaviors(
@@ -339,13 +351,17 @@ def record_initial_recommendation(state: HpaState, current_replicas: int, now_s:
         state.recommendations.append(Recommendation(current_replicas, now_s))
 
 
-def is_within_tolerance(usage_ratio: float, tolerance: float) -> bool:
-    """``Tolerances.isWithin`` with the same tolerance both ways: ``1 - t <= ratio <= 1 + t``."""
-    return (1.0 - tolerance) <= usage_ratio <= (1.0 + tolerance)
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def is_within_tolerance(usage_ratio: float, *, down: float, up: float) -> bool:
+    """``Tolerances.isWithin``: ``1 - down <= ratio <= 1 + up``."""
+    return (1.0 - down) <= usage_ratio <= (1.0 + up)
 
 
 def get_external_per_pod_metric_replicas(
-    status_replicas: int, target_milli: int, usage_milli: int, tolerance: float
+    status_replicas: int, target_milli: int, usage_milli: int, *, down: float, up: float
 ) -> int:
     """``ReplicaCalculator.GetExternalPerPodMetricReplicas`` for one returned series.
 
@@ -356,7 +372,7 @@ def get_external_per_pod_metric_replicas(
     """
     if status_replicas > 0:
         usage_ratio = float(usage_milli) / (float(target_milli) * float(status_replicas))
-        if is_within_tolerance(usage_ratio, tolerance):
+        if is_within_tolerance(usage_ratio, down=down, up=up):
             return status_replicas
     proposal = math.ceil(float(usage_milli) / float(target_milli))
     return min(proposal, MAX_INT32)
@@ -671,17 +687,20 @@ def _rules(
     *,
     default_window: int,
     default_policies: tuple[ScalingPolicy, ...],
-) -> tuple[int, SelectPolicy, tuple[ScalingPolicy, ...]]:
-    """``copyHPAScalingRules`` over the defaults: (window, selectPolicy, policies)."""
+) -> tuple[int, SelectPolicy, tuple[ScalingPolicy, ...], float | None]:
+    """``copyHPAScalingRules`` over the defaults: (window, selectPolicy, policies, tolerance)."""
     if value is None:
-        return default_window, "Max", default_policies
+        return default_window, "Max", default_policies, None
     rules = _mapping(value, field_name)
-    if "tolerance" in rules:
-        raise ValueError(
-            f"{field_name}.tolerance: per-HPA tolerance (HPAConfigurableTolerance) is not "
-            "modelled; pass the controller's tolerance to from_manifest"
-        )
-    _known_keys(rules, {"stabilizationWindowSeconds", "selectPolicy", "policies"}, field_name)
+    _known_keys(
+        rules, {"stabilizationWindowSeconds", "selectPolicy", "policies", "tolerance"}, field_name
+    )
+    tolerance = None
+    if rules.get("tolerance") is not None:
+        # Quantity.AsApproximateFloat64; validation requires >= 0.
+        tolerance = float(parse_quantity(rules["tolerance"], f"{field_name}.tolerance"))
+        if tolerance < 0:
+            raise ValueError(f"{field_name}.tolerance: must be >= 0, got {rules['tolerance']!r}")
     window = default_window
     if rules.get("stabilizationWindowSeconds") is not None:
         window = _int(
@@ -700,7 +719,7 @@ def _rules(
         policies = tuple(
             _policy(item, f"{field_name}.policies[{i}]") for i, item in enumerate(items)
         )
-    return window, cast(SelectPolicy, select), policies
+    return window, cast(SelectPolicy, select), policies, tolerance
 
 
 def _policy(value: object, field_name: str) -> ScalingPolicy:

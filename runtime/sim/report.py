@@ -117,6 +117,10 @@ def summarize(replay: Replay, policy: PoolPolicy) -> Summary:
             "prod_waited_while_flex_ran_pod_minutes": float(
                 (pending * (flex_running > 0)).sum() * dt / 60
             ),
+            "prod_wait_max_s": float(s.array("prod_wait_max_s").max(initial=0.0)),
+            # Preempted flex pods exit within their shutdown budget; the loop binds the
+            # production pod at the next step.
+            "prod_wait_bound_s": policy.disruption.shutdown_budget_s + dt,
         },
     )
 

@@ -125,7 +125,7 @@ def run(
         f"(one saturated {reference.workload.name} replica per GPU, an upper bound)",
         f"layout: {_layout_text(policy, layout, whatif.layout)}",
         f"step {settings.step_s:g} s; budget every {policy.metrics.evaluation_interval}; "
-        f"HPA tolerance {settings.hpa_tolerance:g}; target {settings.target}"
+        f"HPA tolerance {settings.hpa_tolerance}; target {settings.target}"
         + (
             f" (node ready {settings.karpenter_delay_s:g} s after the request)"
             if settings.target == "karpenter"

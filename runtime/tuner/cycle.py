@@ -3,17 +3,18 @@ text and maybe a compaction request. The only module that wires edges to the pur
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from prometheus_api_client import PrometheusConnect
 from ruamel.yaml import YAML
 
 from infra.builders.nodepools import Target as NodePoolTarget
-from policy import parse_policy
+from policy import PoolPolicy, parse_policy
 from runtime.tuner import compaction, forge, gitrepo, prtext, signals
 from runtime.tuner.decisions import CycleDecision, NoOp, apply_changes, decide
 from runtime.tuner.manifests import manifest_diff
@@ -22,6 +23,8 @@ from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.state import load_state, save_state, write_atomic
 from runtime.tuner.yamledit import edit_scalars
+from runtime.vllm import ModelConfigError, ModelSpec
+from runtime.vllm.model_spec import parse_model_config
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +138,13 @@ def run_cycle(
     snapshot = fetch_snapshot(
         client, signals=signals.SIGNALS, at=at, window=settings.window, metrics=metrics
     )
-    decision = decide(policy=policy, snapshot=snapshot, state=state, settings=settings)
+    decision = decide(
+        policy=policy,
+        snapshot=snapshot,
+        state=state,
+        settings=settings,
+        models=committed_models(target, base_commit, policy),
+    )
     _record_noops(decision, metrics)
     report = CycleReport(decision)
 
@@ -203,6 +212,22 @@ def run_cycle(
         save_state(state_path, state)
     metrics.last_cycle.set(time.time())
     return report
+
+
+def committed_models(target: Target, base_commit: str, policy: PoolPolicy) -> dict[str, ModelSpec]:
+    """Each workload's model config as committed beside the policy at the base (the KV rule
+    sizes ``--kv-cache-memory-bytes`` with it, as the render does); a config that cannot be
+    read is left out and the KV rule says so."""
+    folder = PurePosixPath(target.policy_path).parent
+    models = {}
+    for workload in policy.workloads:
+        source = str(folder / workload.hf_config)
+        try:
+            document = json.loads(gitrepo.read_at(target.repo, base_commit, source))
+            models[workload.name] = parse_model_config(document, source)
+        except (gitrepo.GitError, json.JSONDecodeError, ModelConfigError) as exc:
+            log.warning("%s: model config %s unreadable: %s", workload.name, source, exc)
+    return models
 
 
 class _FetchFailed(Exception):

@@ -18,8 +18,8 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
 from runtime.tuner.selfmetrics import TunerMetrics
-from runtime.tuner.signals import Combine, combine
-from runtime.tuner.snapshot import MetricsSnapshot, Window
+from runtime.tuner.signals import Combine, snapshot_of
+from runtime.tuner.snapshot import MetricsSnapshot, Series
 
 log = logging.getLogger(__name__)
 
@@ -39,22 +39,26 @@ def fetch_snapshot(
     window: str,
     metrics: TunerMetrics,
 ) -> MetricsSnapshot:
-    """Each signal's samples over ``window`` ending at ``at``; unreachable stops the read."""
-    windows: dict[str, Window] = {}
-    for name, how in signals.items():
+    """Each signal's samples over ``window`` ending at ``at``, every label set kept (and
+    combined per ``signals``); unreachable stops the read."""
+    read: dict[str, list[Series]] = {}
+    for name in signals:
         started = time.perf_counter()
         try:
             result = client.custom_query(f"{name}[{window}]", params={"time": f"{at:.3f}"})
         except (requests.RequestException, PrometheusApiClientException, ValueError) as exc:
             log.warning("Prometheus query for %s failed: %s", name, exc)
-            return MetricsSnapshot(
-                at=at, windows=windows, unreachable=f"{type(exc).__name__}: {exc}"
-            )
+            return snapshot_of(at, read, unreachable=f"{type(exc).__name__}: {exc}", how=signals)
         finally:
             metrics.query_seconds.observe(time.perf_counter() - started)
-        series = [[(float(t), _value(v)) for t, v in item.get("values", [])] for item in result]
-        windows[name] = Window(name, combine(series, how))
-    return MetricsSnapshot(at=at, windows=windows)
+        read[name] = [
+            Series(
+                tuple(sorted((k, v) for k, v in item.get("metric", {}).items() if k != "__name__")),
+                tuple((float(t), _value(v)) for t, v in item.get("values", [])),
+            )
+            for item in result
+        ]
+    return snapshot_of(at, read, how=signals)
 
 
 def _value(text: str) -> float:

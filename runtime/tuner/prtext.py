@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from runtime.tuner.decisions import Proposal
-from runtime.tuner.snapshot import Window
+from runtime.tuner.snapshot import Window, series_name
 
 BRANCH_PREFIX = "gpupool-tuner/"
 
@@ -58,7 +58,7 @@ def pr_body(
         *(
             f"- `{name}`: {w.summary()}" if w.samples else f"- `{name}`: no samples"
             for name, w in sorted(windows.items())
-            if name not in {e.series for e in proposal.evidence}
+            if name not in {series_name(e.series) for e in proposal.evidence}
         ),
         "",
         "</details>",

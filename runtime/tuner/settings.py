@@ -8,6 +8,7 @@ policy itself.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import Field, ValidationError, model_validator
@@ -15,6 +16,27 @@ from pydantic import Field, ValidationError, model_validator
 from policy import PolicyError
 from policy.base import Duration, Fraction, Invariants, StrictModel, duration_seconds
 from policy.loader import Problem, _problems, read_yaml
+
+RETIRED_SETTINGS: dict[str, str] = {
+    "shed_above_step": (
+        "renamed shed_threshold_step: a preemption storm now LOWERS "
+        "elastic.shed_while_production_above (docs/tuner.md, Settings)"
+    ),
+    "shed_above_max": (
+        "replaced by shed_threshold_min: the shed threshold is only ever lowered, so its "
+        "bound is a floor (docs/tuner.md, Settings)"
+    ),
+    "scale_down_stabilization_step_s": (
+        "removed: a longer scale-down window delays shedding, so the tuner no longer moves "
+        "autoscaling.scale_down_stabilization_s; delete the line"
+    ),
+    "scale_down_stabilization_max_s": (
+        "removed: a longer scale-down window delays shedding, so the tuner no longer moves "
+        "autoscaling.scale_down_stabilization_s; delete the line"
+    ),
+}
+"""Settings of older tuners and what became of them; ``load_settings`` reports these instead
+of "unknown field"."""
 
 
 class TunerSettings(StrictModel):
@@ -25,7 +47,8 @@ class TunerSettings(StrictModel):
     min_observation: Duration = "20m"
     """A decision needs samples spanning at least this long; shorter history is a no-op."""
     persistence: Fraction = Field(0.9, gt=0)
-    """Share of a window's samples that must meet a condition for it to count as sustained."""
+    """Share of a window's samples that must meet a condition for it to count as sustained;
+    every condition that leads to a proposal must be sustained (single samples only veto)."""
     ratio_margin: Fraction = 0.02
     """Hysteresis on ratio thresholds: "below 0.35" means below 0.35 - margin, "above" above
     + margin, so a metric hovering at a threshold does not trigger proposals."""
@@ -40,20 +63,21 @@ class TunerSettings(StrictModel):
     fetch_timeout: Duration = "60s"
     """Longest a cycle waits for ``git fetch`` of the policy branch; past it the cycle fails
     closed (no proposal) and the next one tries again."""
-    shed_above_step: Fraction = Field(0.05, gt=0)
-    """Step by which an eviction storm raises ``elastic.shed_above``."""
-    shed_above_max: Fraction = 0.85
-    """``elastic.shed_above`` is never proposed above this."""
     reserve_ratio_step: Fraction = Field(0.05, gt=0)
-    """Step by which an eviction storm with pending production pods raises the prod reserve."""
+    """Step by which a preemption storm raises the production pool's ``reserve_ratio``."""
     reserve_ratio_max: Fraction = 0.50
-    """The production pool's ``reserve_ratio`` is never proposed above this."""
-    scale_down_stabilization_step_s: int = Field(120, ge=1)
-    """Seconds an eviction storm adds to ``autoscaling.scale_down_stabilization_s``."""
-    scale_down_stabilization_max_s: int = Field(1800, ge=1, le=3600)
-    """``autoscaling.scale_down_stabilization_s`` is never proposed above this."""
+    """The production pool's ``reserve_ratio`` is never proposed above this (the policy's own
+    invariants, e.g. the production floor fitting outside the prod pool's reserve, may bound
+    it lower; the tuner treats either as the reserve's bound)."""
+    shed_threshold_step: Fraction = Field(0.05, gt=0)
+    """Step by which a preemption storm with the reserve at its bound LOWERS
+    ``elastic.shed_while_production_above`` (flex sheds earlier)."""
+    shed_threshold_min: Fraction = 0.50
+    """``elastic.shed_while_production_above`` is never proposed below this, nor below
+    ``elastic.grow_while_production_below + ratio_margin``, whichever is higher."""
     flex_replicas_step: int = Field(2, ge=1)
-    """Replicas an idle cluster with queued flex demand adds to each workload's max_replicas."""
+    """Replicas idle production with queued flex demand adds to the max_replicas of each
+    workload whose HPA runs at that bound."""
     kv_share_step: Fraction = Field(0.05, gt=0)
     """Step by which low hit rate under high KV usage raises ``kv_cache.max_gpu_memory_share``."""
     kv_share_max: Fraction = 0.90
@@ -106,4 +130,8 @@ def load_settings(path: Path | None) -> TunerSettings:
     try:
         return TunerSettings.model_validate(document)
     except ValidationError as exc:
-        raise PolicyError(_problems(exc, document, str(path))) from None
+        problems = [
+            replace(p, message=RETIRED_SETTINGS[p.path]) if p.path in RETIRED_SETTINGS else p
+            for p in _problems(exc, document, str(path))
+        ]
+        raise PolicyError(problems) from None

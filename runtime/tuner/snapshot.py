@@ -1,7 +1,9 @@
 """What one cycle saw: each series' samples over the window, and whether it may be trusted.
 
-Pure: the Prometheus edge fills a ``MetricsSnapshot``; decisions ask ``usable`` for the
-windows they need and fail closed on anything it refuses.
+Pure: the Prometheus edge fills a ``MetricsSnapshot`` with every label set it read
+(``series``) and one combined line per series (``windows``); decisions ask ``usable`` (or
+``check`` for a window split by labels) for the windows they need and fail closed on
+anything refused.
 """
 
 from __future__ import annotations
@@ -10,12 +12,42 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+Labels = tuple[tuple[str, str], ...]
+"""Label pairs of one series, sorted by name (``__name__`` left out)."""
+
+
+def selector(name: str, labels: Labels) -> str:
+    """``name{a="x",b="y"}`` (just ``name`` without labels): how windows name themselves."""
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{v}"' for k, v in labels)
+    return f"{name}{{{inner}}}"
+
+
+def series_name(name: str) -> str:
+    """The recorded series' name of a (possibly labelled) window name."""
+    return name.split("{", 1)[0]
+
+
+@dataclass(frozen=True)
+class Series:
+    """One label set of a series as Prometheus returned it."""
+
+    labels: Labels
+    samples: tuple[tuple[float, float], ...]
+    """``(unix seconds, value)``, oldest first."""
+
+    def label(self, name: str) -> str:
+        """The value of label ``name`` ("" when absent, as in PromQL)."""
+        return next((v for k, v in self.labels if k == name), "")
+
 
 @dataclass(frozen=True)
 class Window:
-    """One series over the observation window, label sets already combined."""
+    """One series over the observation window: label sets combined, or one split of them."""
 
     name: str
+    """The series' name, with the labels it was split by (``selector``)."""
     samples: tuple[tuple[float, float], ...]
     """``(unix seconds, value)``, oldest first."""
 
@@ -58,24 +90,26 @@ class MetricsSnapshot:
 
     at: float
     windows: Mapping[str, Window] = field(default_factory=dict)
+    """One combined line per series (``signals.SIGNALS`` says how label sets combine)."""
     unreachable: str | None = None
     """Set when Prometheus could not be queried; every decision then fails closed."""
+    series: Mapping[str, tuple[Series, ...]] = field(default_factory=dict)
+    """Every label set of each series as read: rules that judge per reason, per instance or
+    per workload split these (``signals.split``) instead of reading the combined line."""
 
 
-def usable(
-    snapshot: MetricsSnapshot,
+def check(
+    window: Window | None,
     name: str,
     *,
+    at: float,
     stale_after_s: float,
     min_observation_s: float,
 ) -> Window | Unusable:
-    """The window of ``name`` if it is present, fresh, NaN-free and long enough."""
-    if snapshot.unreachable is not None:
-        return Unusable(name, "unreachable", f"Prometheus unreachable: {snapshot.unreachable}")
-    window = snapshot.windows.get(name)
+    """``window`` if it is present, fresh, NaN-free and long enough."""
     if window is None or not window.samples:
         return Unusable(name, "absent", f"{name} has no samples in the window")
-    age = snapshot.at - window.samples[-1][0]
+    age = at - window.samples[-1][0]
     if age > stale_after_s:
         return Unusable(
             name, "stale", f"{name} newest sample is {age:.0f} s old (limit {stale_after_s:.0f} s)"
@@ -90,3 +124,22 @@ def usable(
             "minimum observation window",
         )
     return window
+
+
+def usable(
+    snapshot: MetricsSnapshot,
+    name: str,
+    *,
+    stale_after_s: float,
+    min_observation_s: float,
+) -> Window | Unusable:
+    """The combined window of ``name`` if it is present, fresh, NaN-free and long enough."""
+    if snapshot.unreachable is not None:
+        return Unusable(name, "unreachable", f"Prometheus unreachable: {snapshot.unreachable}")
+    return check(
+        snapshot.windows.get(name),
+        name,
+        at=snapshot.at,
+        stale_after_s=stale_after_s,
+        min_observation_s=min_observation_s,
+    )

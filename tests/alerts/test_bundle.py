@@ -10,14 +10,26 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
 from alerts.bundle import alert_names, all_groups
+from alerts.dashboard import dashboard
 from alerts.manifests import monitoring_objects
 from alerts.render import bundle_files, render
+from infra.render import adapter_documents
 from policy import PoolPolicy, parse_policy
 from runtime.cli.app import app
-from runtime.metrics.catalogue import FLEX_GPU_BUDGET, HPA_METRIC, build_catalogue
+from runtime.metrics.catalogue import (
+    FLEX_GPU_BUDGET,
+    FLEX_HEADROOM_GPUS,
+    HPA_METRIC,
+    KV_CACHE_HIT_RATE,
+    PRODUCTION_GPU_UTILIZATION,
+    SPARE_GPUS,
+    UNALLOCATED_GPUS,
+    build_catalogue,
+)
 from tests.alerts.conftest import TEST_POLICY
 from tests.harness.servers import REPO
 
@@ -126,7 +138,6 @@ def test_monitoring_objects_are_valid_kubernetes(test_policy: PoolPolicy) -> Non
     assert set(objects) == {
         "PrometheusRule/gpupool",
         "Secret/alertmanager-main",
-        "ConfigMap/gpupool-adapter-rules",
         "ConfigMap/gpupool-dashboard",
     }
     for key, obj in objects.items():
@@ -150,8 +161,48 @@ def test_monitoring_objects_are_valid_kubernetes(test_policy: PoolPolicy) -> Non
         "gpupool:flex_evictions:per_minute",
         "gpupool:gpu_memory_used:ratio",
     }
-    adapter = objects["ConfigMap/gpupool-adapter-rules"]["data"]["config.yaml"]
-    assert f"as: {HPA_METRIC}" in adapter and FLEX_GPU_BUDGET in adapter
+    assert {
+        PRODUCTION_GPU_UTILIZATION,
+        UNALLOCATED_GPUS,
+        SPARE_GPUS,
+        FLEX_HEADROOM_GPUS,
+    } <= exprs
+
+
+def test_adapter_rules_are_a_fragment_to_merge_not_an_object(test_policy: PoolPolicy) -> None:
+    """The cluster's one prometheus-adapter reads one config.yaml: gpupool ships entries to
+    append to its lists (Helm values or config.yaml keys), never a ConfigMap replacing it."""
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in monitoring_objects(test_policy)}
+    assert not any("adapter" in name for _, name in kinds)
+    documents = adapter_documents(test_policy)
+    assert set(documents) == {"_prometheus-adapter/values.yaml", "_prometheus-adapter/rules.yaml"}
+    yaml = YAML(typ="safe")
+    values = yaml.load(documents["_prometheus-adapter/values.yaml"])
+    raw = yaml.load(documents["_prometheus-adapter/rules.yaml"])
+    assert values == {"rules": {"external": raw["externalRules"]}}
+    assert set(raw) == {"externalRules"}  # no production HPA in the test policy: no custom rules
+    (rule,) = raw["externalRules"]
+    assert rule["name"] == {"matches": f"^{FLEX_GPU_BUDGET}$", "as": HPA_METRIC}
+    assert rule["resources"] == {"namespaced": False}
+    for text in documents.values():
+        assert "do not replace it" in text.splitlines()[1]
+
+
+def test_dashboard_names_nodes_by_the_policys_gpu_node_label(test_policy: PoolPolicy) -> None:
+    document = test_policy.model_dump(by_alias=True, mode="json")
+    document["metrics"]["gpu_node_label"] = "hostname"
+    text = json.dumps(dashboard(parse_policy(document)))
+    assert "{{hostname}}" in text and "Hostname" not in text
+
+
+def test_kv_hit_rate_needs_the_policys_minimum_query_rate(test_policy: PoolPolicy) -> None:
+    def hit_rate(tokens_per_s: float) -> str:
+        document = test_policy.model_dump(by_alias=True, mode="json")
+        document["alerting"]["thresholds"]["kv_hit_rate"]["min_queried_tokens_per_s"] = tokens_per_s
+        return build_catalogue(parse_policy(document)).query(KV_CACHE_HIT_RATE)
+
+    assert hit_rate(25).endswith(">= 25.0)")
+    assert hit_rate(0).endswith("> 0)"), "0 keeps every instance with any query"
 
 
 def test_alert_names_are_camel_case(test_policy: PoolPolicy) -> None:

@@ -19,7 +19,7 @@ UNIT_TESTS = sorted(ALERT_TESTS.glob("*.test.yaml"))
 
 def test_every_generated_rule_file_passes_promtool_check(bundle: Path) -> None:
     files = sorted((bundle / "rules").glob("*.yaml"))
-    assert len(files) >= 6
+    assert len(files) >= 7
     result = subprocess.run(
         [require_binary("promtool"), "check", "rules", *map(str, files)],
         capture_output=True,
@@ -55,9 +55,14 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test(test_policy: PoolPolicy)
         "FlexEvictionRateHigh",
         "KVCacheHitRateLow",
         "GPUMemoryPressure",
-        "ClusterGPUUtilizationLow",
+        "FlexNotGrowing",
         "ProdCapacityAtRisk",
         "GpupoolMetricsStale",
+        "GpupoolMetricMissing",
+        "NodePoolLabelsMissing",
+        "GPUExporterDown",
+        "GPUsNotReporting",
+        "GPUPodAttributionMissing",
     }
     assert names - fires == set(), "alerts without a firing unit test"
     assert names - quiet == set(), "alerts without a quiet unit test"

@@ -2,22 +2,34 @@
 
 The OpenMetrics file is written here, loaded with ``promtool tsdb create-blocks-from
 openmetrics`` (timestamps in seconds, ends with ``# EOF``) into a real Prometheus, and each
-recording rule's expression is evaluated with ``time=`` inside the data.
+recording rule's expression is evaluated with ``time=`` inside the data, 8 minutes into a
+phase (beyond the 5 m lookback of the phase before).
 
-Cluster (test policy: pools gpu-prod = node n1, gpu-flex = node n2, 2 GPUs each; workload
-``llm`` 1 GPU per replica, 2 replicas; grow below 0.35, shed above 0.65, idle GPU below 0.30):
+Cluster (test policy: pools gpu-prod and gpu-flex, reserves 0; workload ``llm`` 1 GPU per
+replica, ``spec.replicas`` 2; grow below 0.35, shed above 0.65). Nodes, 2 GPUs each: n1
+gpu-prod, n2 gpu-flex, n3 unlabelled (not a pool), n4 gpu-flex but cordoned (never counted).
+Production pods (``gpupool-production``) in ``prod``; ``llm-6d4cf-x0001`` runs on n2 all along.
 
-| phase (minutes) | n1 GPU % | n2 GPU % | cluster | flex idle GPUs | budget |
-|---|---|---|---|---|---|
-| grow  0-10 | 20, 20 | 10, 50 | 0.25  | 1 | 2 + 1 = 3 |
-| hold 10-20 | 50, 50 | 40, 40 | 0.45  | 0 | 2         |
-| shed 20-30 | 90, 90 | 70, 20 | 0.675 | 1 | 2 - 1 = 1 |
+| phase (min) | production pods (GPU %) | other | free p/f | spare | prod util | room | budget |
+|---|---|---|---|---|---|---|---|
+| grow 0-10 | api-0 on n1 (40) | x0002 on n3, deleting | 1 / 1 | 2 | 0.4/4 = 0.1 | 1 | 1 + 1 = 2 |
+| hold 10-20 | api-0, api-1 on n1 (100) | x0003 pending | 0 / 1 | 1 | 2/4 = 0.5 | 1-1 = 0 | 1 |
+| shed 20-30 | + api-2 on n2 (90) | | 0 / 0 | 0 | 2.9/4 = 0.725 | 0 | 1 - 1 = 0 |
+| short 30-40 | api-0, api-1 (50); api-3 waits, 2 GPUs | | 0 / 1 | 1-2 = -1 | 0.25 | 0 | 1 - 1 = 0 |
+
+("free p/f": unallocated GPUs of gpu-prod / gpu-flex; "room": flex headroom; x000N are the
+``llm-6d4cf-`` flex pods.)
+In "short" production's utilization is in the grow band, but the spare is negative: the
+reserve shortfall wins. ``train-0`` (training class, 1 GPU) and ``api-4`` (production, no
+GPU) wait unschedulable all along and are not production capacity at risk; ``train-1`` holds
+a GPU on n3 without a dcgm series (used by the policy that calls training "production").
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,34 +41,113 @@ from tests.harness.servers import Server, backfill, start_prometheus
 
 T0 = 1_700_000_000
 STEP_S = 30
-END_S = 30 * 60
-GROW, HOLD, SHED = T0 + 8 * 60, T0 + 18 * 60, T0 + 28 * 60
+END_S = 40 * 60
+GROW, HOLD, SHED, SHORT = (T0 + (10 * k + 8) * 60 for k in range(4))
 FLEX = 'namespace="gpupool-flex"'
 PROD = "gpupool-production"
+GPU = 'resource="nvidia_com_gpu",unit="integer"'
 
-Series = dict[str, Callable[[int], float]]
-"""Series text (name + labels) -> value at t seconds after T0."""
+Value = Callable[[int], float | None]
+"""Value at t seconds after T0; None: no sample (the series does not exist then)."""
+Series = dict[str, Value]
+"""Series text (name + labels) -> its values."""
+
+PHASES = ("grow", "hold", "shed", "short")
 
 
-def _phase(grow: float, hold: float, shed: float) -> Callable[[int], float]:
-    return lambda t: grow if t < 600 else hold if t < 1200 else shed
+def during(*phases: str, value: float = 1.0) -> Value:
+    return lambda t: value if PHASES[min(t // 600, 3)] in phases else None
+
+
+def by_phase(
+    grow: float | None, hold: float | None, shed: float | None, short: float | None
+) -> Value:
+    return lambda t: (grow, hold, shed, short)[min(t // 600, 3)]
 
 
 def one(t: int) -> float:
     return 1.0
 
 
-def _flip_at(minute: int) -> Callable[[int], float]:
+def _flip_at(minute: int) -> Value:
     return lambda t: 1.0 if t >= minute * 60 else 0.0
+
+
+@dataclass(frozen=True)
+class Pod:
+    namespace: str
+    name: str
+    gpus: int
+    node: str | None
+    phases: tuple[str, ...]
+    priority_class: str
+    terminating: bool = False
+    unschedulable: bool = False
+
+
+PODS = (
+    Pod("prod", "api-0", 1, "n1", PHASES, PROD),
+    Pod("prod", "api-1", 1, "n1", ("hold", "shed", "short"), PROD),
+    Pod("prod", "api-2", 1, "n2", ("shed",), PROD),
+    Pod("prod", "api-3", 2, None, ("short",), PROD, unschedulable=True),
+    Pod("prod", "api-4", 0, None, PHASES, PROD, unschedulable=True),
+    Pod("batch", "train-0", 1, None, PHASES, "gpupool-training", unschedulable=True),
+    Pod("batch", "train-1", 1, "n3", PHASES, "gpupool-training"),
+    Pod("gpupool-flex", "llm-6d4cf-x0001", 1, "n2", PHASES, "gpupool-idle-inference"),
+    Pod("gpupool-flex", "llm-6d4cf-x0002", 1, "n3", ("grow",), "gpupool-idle-inference", True),
+    Pod("gpupool-flex", "llm-6d4cf-x0003", 1, None, ("hold",), "gpupool-idle-inference"),
+)
+
+
+def _pods() -> dict[tuple[str, str], Series]:
+    """kube-state-metrics' pod families for ``PODS`` (dense phases, as it exports them)."""
+    phase: Series = {}
+    info: Series = {}
+    requests: Series = {}
+    deleted: Series = {}
+    unschedulable: Series = {}
+    for pod in PODS:
+        who = f'namespace="{pod.namespace}",pod="{pod.name}"'
+        live = during(*pod.phases)
+        for name in ("Pending", "Running", "Succeeded", "Failed", "Unknown"):
+            running = pod.node is not None and not pod.unschedulable
+            holds = name == ("Running" if running else "Pending")
+            phase[f'kube_pod_status_phase{{{who},phase="{name}"}}'] = during(
+                *pod.phases, value=float(holds)
+            )
+        info[f'kube_pod_info{{{who},priority_class="{pod.priority_class}"}}'] = live
+        if pod.gpus:
+            node = f',node="{pod.node}"' if pod.node else ""
+            requests[
+                f'kube_pod_container_resource_requests{{{who},container="main"{node},{GPU}}}'
+            ] = during(*pod.phases, value=pod.gpus)
+        if pod.terminating:
+            deleted[f"kube_pod_deletion_timestamp{{{who}}}"] = during(*pod.phases, value=T0)
+        if pod.unschedulable:
+            unschedulable[f"kube_pod_status_unschedulable{{{who}}}"] = live
+    return {
+        ("kube_pod_status_phase", "gauge"): phase,
+        ("kube_pod_info", "gauge"): info,
+        ("kube_pod_container_resource_requests", "gauge"): requests,
+        ("kube_pod_deletion_timestamp", "gauge"): deleted,
+        ("kube_pod_status_unschedulable", "gauge"): unschedulable,
+    }
+
+
+def _dcgm(node: str, gpu: int, pod: str | None = None, namespace: str = "prod") -> str:
+    owner = f',namespace="{namespace}",pod="{pod}"' if pod else ""
+    return f'DCGM_FI_DEV_GPU_UTIL{{gpu="{gpu}",Hostname="{node}"{owner}}}'
 
 
 def scenario() -> dict[tuple[str, str], Series]:
     """(family, type) -> series of the cluster in the module docstring."""
-    util = {
-        'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n1"}': _phase(20, 50, 90),
-        'DCGM_FI_DEV_GPU_UTIL{gpu="1",Hostname="n1"}': _phase(20, 50, 90),
-        'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n2"}': _phase(10, 40, 70),
-        'DCGM_FI_DEV_GPU_UTIL{gpu="1",Hostname="n2"}': _phase(50, 40, 20),
+    util: Series = {
+        _dcgm("n1", 0, "api-0"): by_phase(40, 100, 100, 50),
+        _dcgm("n1", 1): by_phase(0, None, None, None),
+        _dcgm("n1", 1, "api-1"): by_phase(None, 100, 100, 50),
+        _dcgm("n2", 0, "llm-6d4cf-x0001", "gpupool-flex"): one,
+        _dcgm("n2", 1): by_phase(0, 0, None, 0),
+        _dcgm("n2", 1, "api-2"): by_phase(None, None, 90, None),
     }
     reasons: Series = {
         f'kube_pod_status_reason{{{FLEX},pod="llm-{m}",reason="Evicted"}}': _flip_at(m)
@@ -64,6 +155,7 @@ def scenario() -> dict[tuple[str, str], Series]:
     }
     reasons[f'kube_pod_status_reason{{{FLEX},pod="llm-9",reason="Evicted"}}'] = _flip_at(99)
     ns_llm = f'{FLEX},workload="llm"'
+    nodes = {"n1": "gpu-prod", "n2": "gpu-flex", "n3": None, "n4": "gpu-flex"}
     return {
         ("DCGM_FI_DEV_GPU_UTIL", "gauge"): util,
         ("DCGM_FI_DEV_FB_USED", "gauge"): {
@@ -73,30 +165,34 @@ def scenario() -> dict[tuple[str, str], Series]:
             'DCGM_FI_DEV_FB_FREE{gpu="0",Hostname="n1"}': lambda t: 10000
         },
         ("kube_node_labels", "gauge"): {
-            'kube_node_labels{node="n1",label_gpupool_io_pool="gpu-prod"}': lambda t: 1,
-            'kube_node_labels{node="n2",label_gpupool_io_pool="gpu-flex"}': lambda t: 1,
+            f'kube_node_labels{{node="{n}",label_gpupool_io_pool="{pool}"}}': one
+            for n, pool in nodes.items()
+            if pool
+        },
+        ("kube_node_status_allocatable", "gauge"): {
+            f'kube_node_status_allocatable{{node="{n}",{GPU}}}': lambda t: 2 for n in nodes
+        },
+        ("kube_node_spec_unschedulable", "gauge"): {
+            f'kube_node_spec_unschedulable{{node="{n}"}}': lambda t, n=n: float(n == "n4")
+            for n in nodes
+        },
+        ("kube_node_status_condition", "gauge"): {
+            f'kube_node_status_condition{{node="{n}",condition="Ready",status="true"}}': one
+            for n in nodes
         },
         ("kube_deployment_spec_replicas", "gauge"): {
             f'kube_deployment_spec_replicas{{{FLEX},deployment="llm"}}': lambda t: 2,
         },
+        ("kube_horizontalpodautoscaler_status_current_replicas", "gauge"): {
+            f"kube_horizontalpodautoscaler_status_current_replicas{{{FLEX},"
+            'horizontalpodautoscaler="llm"}': by_phase(1, 2, 2, 1),
+        },
+        ("kube_horizontalpodautoscaler_spec_max_replicas", "gauge"): {
+            f"kube_horizontalpodautoscaler_spec_max_replicas{{{FLEX},"
+            'horizontalpodautoscaler="llm"}': lambda t: 2,
+        },
         ("kube_pod_status_reason", "gauge"): reasons,
-        ("kube_pod_status_phase", "gauge"): {
-            **{
-                f'kube_pod_status_phase{{{FLEX},pod="llm-r{i}",phase="Running"}}': lambda t: 1
-                for i in range(3)
-            },
-            'kube_pod_status_phase{namespace="prod",pod="api-0",phase="Pending"}': lambda t: 1,
-            'kube_pod_status_phase{namespace="prod",pod="api-1",phase="Pending"}': lambda t: 1,
-            'kube_pod_status_phase{namespace="prod",pod="api-2",phase="Pending"}': lambda t: 0,
-            'kube_pod_status_phase{namespace="batch",pod="train-0",phase="Pending"}': lambda t: 1,
-        },
-        ("kube_pod_info", "gauge"): {
-            **{
-                f'kube_pod_info{{namespace="prod",pod="api-{i}",priority_class="{PROD}"}}': one
-                for i in range(3)
-            },
-            'kube_pod_info{namespace="batch",pod="train-0",priority_class="gpupool-training"}': one,
-        },
+        **_pods(),
         ("vllm:kv_cache_usage_perc", "gauge"): {
             f'vllm:kv_cache_usage_perc{{{ns_llm},pod="a",engine="0"}}': lambda t: 0.3,
             f'vllm:kv_cache_usage_perc{{{ns_llm},pod="a",engine="1"}}': lambda t: 0.6,
@@ -124,7 +220,8 @@ def openmetrics() -> str:
     for (family, kind), series in scenario().items():
         lines.append(f"# TYPE {family} {kind}")
         for name, value in series.items():
-            lines += [f"{name} {value(t)} {T0 + t}" for t in range(0, END_S + 1, STEP_S)]
+            samples = ((t, value(t)) for t in range(0, END_S + 1, STEP_S))
+            lines += [f"{name} {v} {T0 + t}" for t, v in samples if v is not None]
     return "\n".join(lines) + "\n# EOF\n"
 
 
@@ -156,41 +253,93 @@ def values(prom: Server, expr: str, at: int) -> dict[str, float]:
 @pytest.mark.slow
 def test_gpu_queries(backfilled: Server, catalogue: c.Catalogue) -> None:
     q = catalogue.query
-    assert values(backfilled, q(c.CLUSTER_GPU_UTILIZATION), GROW) == {"": 0.25}
-    assert values(backfilled, q(c.CLUSTER_GPU_UTILIZATION), SHED) == {"": 0.675}
+    # n1 40 + 0, n2 1 + 0: dcgm's mean over every GPU it reports (flex included).
+    assert values(backfilled, q(c.CLUSTER_GPU_UTILIZATION), GROW) == {"": 0.1025}
     assert values(backfilled, q(c.POOL_GPU_UTILIZATION), GROW) == {
         "pool=gpu-prod": 0.2,
-        "pool=gpu-flex": 0.3,
+        "pool=gpu-flex": 0.005,
     }
     per_gpu = values(backfilled, q(c.GPU_UTILIZATION), GROW)
-    assert per_gpu["Hostname=n2,gpu=0,node=n2,pool=gpu-flex"] == 0.1
+    assert per_gpu["Hostname=n1,gpu=0,namespace=prod,node=n1,pod=api-0,pool=gpu-prod"] == 0.4
     assert len(per_gpu) == 4
     assert values(backfilled, q(c.GPU_MEMORY_USED), GROW) == {"Hostname=n1,gpu=0": 0.75}
 
 
+STEPS = [
+    # at, unallocated (prod, flex), spare, production utilization, headroom, budget
+    (GROW, (1, 1), 2, 0.1, 1, 2),
+    (HOLD, (0, 1), 1, 0.5, 0, 1),
+    (SHED, (0, 0), 0, 0.725, 0, 0),
+    (SHORT, (0, 1), -1, 0.25, 0, 0),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("at", "headroom", "budget"), [(GROW, 1, 3), (HOLD, 0, 2), (SHED, 1, 1)])
-def test_headroom_and_budget_follow_the_hysteresis_band(
-    backfilled: Server, catalogue: c.Catalogue, at: int, headroom: float, budget: float
+@pytest.mark.parametrize(("at", "free", "spare", "production", "headroom", "budget"), STEPS)
+def test_every_step_of_the_budget(
+    backfilled: Server,
+    catalogue: c.Catalogue,
+    at: int,
+    free: tuple[int, int],
+    spare: float,
+    production: float,
+    headroom: float,
+    budget: float,
 ) -> None:
-    assert values(backfilled, catalogue.query(c.FLEX_HEADROOM_GPUS), at) == {
-        "pool=gpu-flex": headroom
+    q = catalogue.query
+    assert values(backfilled, q(c.UNALLOCATED_GPUS), at) == {
+        "pool=gpu-prod": free[0],
+        "pool=gpu-flex": free[1],
     }
-    assert values(backfilled, catalogue.query(c.FLEX_GPU_BUDGET), at) == {"workload=llm": budget}
+    assert values(backfilled, q(c.SPARE_GPUS), at) == {"": spare}
+    assert values(backfilled, q(c.PRODUCTION_GPU_UTILIZATION), at) == {"": production}
+    assert values(backfilled, q(c.FLEX_HEADROOM_GPUS), at) == {"pool=gpu-flex": headroom}
+    assert values(backfilled, q(c.FLEX_GPU_BUDGET), at) == {"workload=llm": budget}
+
+
+def _variant(policy: PoolPolicy, **changes: object) -> c.Catalogue:
+    document = policy.model_dump(by_alias=True, mode="json")
+    for dotted, value in changes.items():
+        *path, last = dotted.split("__")
+        node = document
+        for part in path:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[last] = value
+    return c.build_catalogue(parse_policy(document))
 
 
 @pytest.mark.slow
-def test_flex_reserve_is_kept_out_of_headroom(backfilled: Server, test_policy: PoolPolicy) -> None:
-    document = test_policy.model_dump(by_alias=True, mode="json")
-    document["node_pools"][1]["reserve_ratio"] = 0.5  # 2 GPUs: floor(1) kept back
-    reserved = c.build_catalogue(parse_policy(document))
-    assert values(backfilled, reserved.query(c.FLEX_HEADROOM_GPUS), GROW) == {"pool=gpu-flex": 0}
-
-
-@pytest.mark.slow
-def test_budget_is_absent_without_utilization_data(
-    backfilled: Server, catalogue: c.Catalogue
+def test_the_reserve_of_every_pool_is_kept_unallocated(
+    backfilled: Server, test_policy: PoolPolicy
 ) -> None:
+    """Reserves of 0.5 keep floor(2 x 0.5) GPUs of each pool back: at "grow" the spare drops
+    from 2 to 0, so flex no longer grows (budget = held), and at "hold" it is short."""
+    reserved = _variant(
+        test_policy, node_pools__0__reserve_ratio=0.5, node_pools__1__reserve_ratio=0.5
+    )
+    assert values(backfilled, reserved.query(c.SPARE_GPUS), GROW) == {"": 0}
+    assert values(backfilled, reserved.query(c.FLEX_HEADROOM_GPUS), GROW) == {"pool=gpu-flex": 0}
+    assert values(backfilled, reserved.query(c.FLEX_GPU_BUDGET), GROW) == {"workload=llm": 1}
+    assert values(backfilled, reserved.query(c.FLEX_GPU_BUDGET), HOLD) == {"workload=llm": 0}
+
+
+@pytest.mark.slow
+def test_unattributed_production_gpus_never_grow_flex(
+    backfilled: Server, test_policy: PoolPolicy
+) -> None:
+    """Call the training class "production": train-1 holds a GPU no dcgm series names, so
+    production's utilization is absent and the budget only holds (1, not 2) at "grow"."""
+    blind = _variant(
+        test_policy,
+        priorities__production__name="gpupool-training",
+        priorities__training__name="gpupool-batch",
+    )
+    assert values(backfilled, blind.query(c.PRODUCTION_GPU_UTILIZATION), GROW) == {}
+    assert values(backfilled, blind.query(c.FLEX_GPU_BUDGET), GROW) == {"workload=llm": 1}
+
+
+@pytest.mark.slow
+def test_budget_is_absent_without_data(backfilled: Server, catalogue: c.Catalogue) -> None:
     """Fail closed: past the data the budget has no series (the HPA holds), never a number."""
     assert values(backfilled, catalogue.query(c.FLEX_GPU_BUDGET), T0 + END_S + 600) == {}
 
@@ -211,11 +360,25 @@ def test_vllm_queries(backfilled: Server, catalogue: c.Catalogue) -> None:
 @pytest.mark.slow
 def test_kube_state_queries(backfilled: Server, catalogue: c.Catalogue) -> None:
     q = catalogue.query
-    # Window [3m, 8m]: pods flipping at 4, 5 and 6 minutes; llm-1 flipped before it.
-    assert values(backfilled, q(c.FLEX_EVICTIONS), GROW) == {"namespace=gpupool-flex": 0.6}
-    assert values(backfilled, q(c.FLEX_EVICTIONS), HOLD) == {"namespace=gpupool-flex": 0}
-    assert values(backfilled, q(c.PROD_PODS_PENDING), GROW) == {"": 2}
-    assert values(backfilled, q(c.FLEX_PODS_RUNNING), GROW) == {"": 3}
+    reasons = ("eviction-api", "kubelet", "node", "preemption")
+    # Window (3m, 8m]: pods flipping at 4, 5 and 6 minutes (Evicted: kubelet); llm-1 before.
+    assert values(backfilled, q(c.FLEX_EVICTIONS), GROW) == {
+        f"namespace=gpupool-flex,reason={r}": 0.6 if r == "kubelet" else 0 for r in reasons
+    }
+    assert values(backfilled, q(c.FLEX_EVICTIONS), HOLD) == {
+        f"namespace=gpupool-flex,reason={r}": 0 for r in reasons
+    }
+    # Only api-3 is production, wants GPUs and cannot be placed (api-4 wants none, train-0
+    # is training).
+    assert values(backfilled, q(c.PROD_PODS_PENDING), GROW) == {"": 0}
+    assert values(backfilled, q(c.PROD_PODS_PENDING), SHORT) == {"": 1}
+    assert values(backfilled, q(c.FLEX_PODS_RUNNING), GROW) == {"": 2}
+    assert values(backfilled, q(c.FLEX_HPA_AT_MAX), GROW) == {
+        "horizontalpodautoscaler=llm,namespace=gpupool-flex,workload=llm": 0
+    }
+    assert values(backfilled, q(c.FLEX_HPA_AT_MAX), HOLD) == {
+        "horizontalpodautoscaler=llm,namespace=gpupool-flex,workload=llm": 1
+    }
 
 
 def test_every_catalogue_query_is_checked_here(catalogue: c.Catalogue) -> None:

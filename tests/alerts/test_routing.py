@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from alerts.bundle import all_groups
-from alerts.routing import alertmanager_config
+from alerts.bundle import alert_names, all_groups
+from alerts.routing import alertmanager_config, inhibit_rules, paired_alertnames
+from infra.yaml_text import to_yaml
 from policy import PoolPolicy
 from tests.harness.servers import require_binary
 
@@ -17,10 +19,15 @@ from tests.harness.servers import require_binary
 EXPECTED = {
     "FlexEvictionRateHigh": "gpupool-tuner,platform",
     "KVCacheHitRateLow": "gpupool-tuner,platform",
-    "ClusterGPUUtilizationLow": "gpupool-tuner,platform",
+    "FlexNotGrowing": "platform",
     "GPUMemoryPressure": "platform",
     "ProdCapacityAtRisk": "oncall",
     "GpupoolMetricsStale": "platform",
+    "GpupoolMetricMissing": "platform",
+    "NodePoolLabelsMissing": "platform",
+    "GPUExporterDown": "platform",
+    "GPUsNotReporting": "platform",
+    "GPUPodAttributionMissing": "platform",
 }
 
 
@@ -34,6 +41,47 @@ def test_generated_config_passes_amtool(bundle: Path) -> None:
     result = _amtool("check-config", str(bundle / "alertmanager.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 receivers" in result.stdout
+    assert "0 inhibit rules" in result.stdout
+
+
+def test_every_alert_is_routed_here(test_policy: PoolPolicy) -> None:
+    assert set(EXPECTED) == set(alert_names(test_policy))
+
+
+def test_no_inhibit_rule_without_an_alert_at_both_severities(test_policy: PoolPolicy) -> None:
+    """Each alert's severity is one policy knob, so no name exists at both severities and an
+    inhibit rule would match nothing: none is rendered."""
+    assert paired_alertnames(all_groups(test_policy)) == []
+    assert alertmanager_config(test_policy)["inhibit_rules"] == []
+
+
+def _rule(name: str, severity: str) -> dict[str, Any]:
+    return {"alert": name, "expr": "vector(1)", "labels": {"severity": severity}}
+
+
+def test_an_alert_at_both_severities_gets_its_inhibit_rule() -> None:
+    groups = [
+        {"name": "a", "rules": [_rule("Pair", "critical"), _rule("Lonely", "critical")]},
+        {"name": "b", "rules": [_rule("Pair", "warning"), _rule("Info", "info")]},
+        {"name": "c", "rules": [{"record": "x", "expr": "vector(1)"}]},
+    ]
+    assert paired_alertnames(groups) == ["Pair"]
+    assert inhibit_rules(groups) == [
+        {
+            "source_matchers": ['severity="critical"', 'alertname=~"Pair"'],
+            "target_matchers": ['severity="warning"', 'alertname=~"Pair"'],
+            "equal": ["alertname", "namespace"],
+        }
+    ]
+
+
+def test_a_rendered_inhibit_rule_passes_amtool(test_policy: PoolPolicy, tmp_path: Path) -> None:
+    groups = [{"name": "a", "rules": [_rule("Pair", "critical"), _rule("Pair", "warning")]}]
+    config = {**alertmanager_config(test_policy), "inhibit_rules": inhibit_rules(groups)}
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(to_yaml(config, sort_keys=False))
+    result = _amtool("check-config", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
     assert "1 inhibit rules" in result.stdout
 
 

@@ -8,6 +8,7 @@ import kubernetes_validate
 import pytest
 
 from infra.builders.meta import Manifest
+from infra.builders.workload import HpaTolerance
 from infra.bundle import build_bundle
 from policy import PoolPolicy, load_policy
 from tests.infra.policies import explicit_args, policy_with, two_workloads
@@ -49,3 +50,29 @@ def test_strict_validation_catches_a_misspelled_field(version: str) -> None:
     broken["spec"]["template"]["spec"]["terminationGracePeriod"] = 30
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, version, strict=True)
+
+
+def _flex_hpas(hpa_tolerance: HpaTolerance) -> list[Manifest]:
+    policy = load_policy()
+    objs = build_bundle(
+        policy, target="labels", vllm_args=explicit_args(policy), hpa_tolerance=hpa_tolerance
+    )
+    return [
+        o
+        for o in objs
+        if o["kind"] == "HorizontalPodAutoscaler"
+        and o["metadata"]["namespace"] == policy.cluster.flex_namespace
+    ]
+
+
+def test_behavior_tolerance_is_valid_where_the_api_has_it_and_nowhere_else() -> None:
+    """``gpupool:hpaTolerance: behavior`` sets ``tolerance`` on both rules: valid on the
+    newest API (HPAConfigurableTolerance, 1.33+), rejected by 1.30's, hence a stack option."""
+    (hpa,) = _flex_hpas("behavior")
+    behavior = hpa["spec"]["behavior"]
+    assert behavior["scaleUp"]["tolerance"] == behavior["scaleDown"]["tolerance"] == "0"
+    kubernetes_validate.validate(hpa, kubernetes_validate.latest_version(), strict=True)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(hpa, "1.30.0", strict=True)
+    (default,) = _flex_hpas("cluster")
+    assert "tolerance" not in default["spec"]["behavior"]["scaleUp"]

@@ -179,7 +179,11 @@ def test_key_fields_as_registered() -> pulumi.Output[None]:
             "gpupool-training": 100_000,
             "gpupool-idle-inference": -1,
         }
-        (hpa,) = by_kind["HorizontalPodAutoscaler"]
+        (hpa,) = [
+            h
+            for h in by_kind["HorizontalPodAutoscaler"]
+            if h["metadata"]["namespace"] == policy.cluster.flex_namespace
+        ]
         assert hpa["spec"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 180
         assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
         flex = next(d for d in by_kind["Deployment"] if d["metadata"]["name"] == "llama-8b-flex")
@@ -217,6 +221,11 @@ def test_settings_resolve_the_policy_against_the_project_root() -> None:
     assert (defaults.target, defaults.policy_path.name) == ("labels", "pool.yaml")
     with pytest.raises(pulumi.RunError, match="gpupool:target must be one of"):
         read_settings(FakeConfig({"target": "gke"}))  # type: ignore[arg-type]
+    assert defaults.hpa_tolerance == "cluster"
+    tolerant = read_settings(FakeConfig({"hpaTolerance": "behavior"}))  # type: ignore[arg-type]
+    assert tolerant.hpa_tolerance == "behavior"
+    with pytest.raises(pulumi.RunError, match="gpupool:hpaTolerance must be one of"):
+        read_settings(FakeConfig({"hpaTolerance": "0.05"}))  # type: ignore[arg-type]
 
 
 @pulumi_test

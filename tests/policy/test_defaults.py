@@ -19,8 +19,10 @@ from policy.tuner import Tuner
 def test_brief_defaults_in_models() -> None:
     elastic, autoscaling, disruption = ElasticThresholds(), Autoscaling(), Disruption()
     kv, alerts, prio = KvCache(), AlertThresholds(), Priorities()
-    assert (elastic.scale_up_below, elastic.shed_above) == (0.35, 0.65)
-    assert 0.30 <= elastic.idle_gpu_below <= elastic.flex_target_utilization <= 0.40
+    assert (elastic.grow_while_production_below, elastic.shed_while_production_above) == (
+        0.35,
+        0.65,
+    )
     assert (autoscaling.scale_up_stabilization_s, autoscaling.scale_down_stabilization_s) == (
         180,
         300,

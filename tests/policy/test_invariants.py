@@ -27,7 +27,12 @@ def _write(doc: Any, tmp_path: Path) -> Path:
 
 
 CASES = [
-    ("elastic.shed_above", 0.30, "elastic.scale_up_below", ["0.35", "0.3", "shed_above"]),
+    (
+        "elastic.shed_while_production_above",
+        0.30,
+        "elastic.grow_while_production_below",
+        ["0.35", "0.3", "shed_while_production_above"],
+    ),
     ("disruption.termination_grace_s", 35, "disruption.termination_grace_s", ["35", "= 40"]),
     ("disruption.termination_grace_s", 20, "disruption.termination_grace_s", ["30"]),
     ("priorities.training.value", 2000000, "priorities.production.value", ["1000000", "2000000"]),
@@ -76,7 +81,7 @@ def test_invariant_rejected_precisely(
 
 def test_every_problem_reported_at_once(tmp_path: Path) -> None:
     doc = _default()
-    set_path(doc, "elastic.shed_above", 0.2)
+    set_path(doc, "elastic.shed_while_production_above", 0.2)
     set_path(doc, "disruption.termination_grace_s", 31)
     set_path(doc, "kv_cache.bogus", 1)
     set_path(doc, "workloads.0.max_replicas", "many")
@@ -84,7 +89,7 @@ def test_every_problem_reported_at_once(tmp_path: Path) -> None:
         load_policy(_write(doc, tmp_path))
     paths = {p.path for p in caught.value.problems}
     assert {
-        "elastic.scale_up_below",
+        "elastic.grow_while_production_below",
         "disruption.termination_grace_s",
         "kv_cache.bogus",
         "workloads.0.max_replicas",
@@ -107,6 +112,31 @@ def test_line_numbers_point_at_the_key(tmp_path: Path) -> None:
 def test_model_is_frozen() -> None:
     policy = load_policy()
     with pytest.raises(Exception, match="frozen"):
-        policy.elastic.shed_above = 0.9  # type: ignore[misc]
+        policy.elastic.shed_while_production_above = 0.9  # type: ignore[misc]
     clone = copy.deepcopy(policy)
     assert clone == policy
+
+
+@pytest.mark.parametrize(
+    ("old", "words"),
+    [
+        ("scale_up_below", ["grow_while_production_below", "production"]),
+        ("shed_above", ["shed_while_production_above", "production"]),
+        ("idle_gpu_below", ["removed", "delete the line"]),
+        ("flex_target_utilization", ["removed"]),
+    ],
+)
+def test_a_policy_from_before_the_rename_says_what_replaced_each_field(
+    tmp_path: Path, old: str, words: list[str]
+) -> None:
+    doc = _default()
+    doc["elastic"][old] = 0.5
+    source = _write(doc, tmp_path)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(source)
+    (problem,) = caught.value.problems
+    assert problem.path == f"elastic.{old}"
+    assert "unknown field" not in problem.message
+    for word in words:
+        assert word in problem.message, problem.message
+    assert old in source.read_text().splitlines()[problem.line - 1]

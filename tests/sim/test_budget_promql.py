@@ -1,11 +1,12 @@
 """The replay's budget equals the catalogue's PromQL on a real Prometheus.
 
 A pooled replay (diurnal production that crosses both thresholds, a flex backlog) hands its
-exporter states to ``observe``; a sample of them is written as dcgm-exporter and
-kube-state-metrics series (one state per minute), loaded with ``promtool tsdb
-create-blocks-from openmetrics``, and the catalogue's ``gpupool:flex_gpu_budget`` and
-headroom expressions are evaluated at each state's minute. Both policies are tried: the
-default and one with a flex reserve, so the reserve floor is exercised too.
+exporter states to ``observe``; a sample of them, stratified over the budget's four steps
+(reserve shortfall, shed, grow, hold), is written as the kube-state-metrics and dcgm-exporter
+series those exporters would publish, loaded with ``promtool tsdb create-blocks-from
+openmetrics``, and the catalogue's spare, production-utilization, headroom and budget
+expressions are evaluated at each state's instant. Both policies are tried: the default and
+one with a flex reserve (so the floor of each pool's reserve is exercised too).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import pytest
 
 from policy import PoolPolicy, load_policy, parse_policy
 from runtime.metrics import catalogue as c
-from runtime.sim.budget import ExporterView, budget, headroom
-from runtime.sim.engine import FlexInput, Layout, Settings, replay_pooled
+from runtime.sim.budget import ExporterView, budget, headroom, production_utilization, spare
+from runtime.sim.engine import FlexInput, Layout, ProductionRule, Settings, replay_pooled
 from runtime.sim.serving import Requests
 from runtime.sim.traces import diurnal
 from tests.alerts.test_e2e import query
@@ -27,6 +28,7 @@ from tests.harness.servers import Server, backfill, start_prometheus
 
 T0 = 1_750_000_000
 STATES = 48
+SPACING_S = 600
 
 
 class Latencies:
@@ -43,11 +45,30 @@ def _policies() -> dict[str, PoolPolicy]:
     default = load_policy()
     document = default.model_dump(mode="json")
     document["node_pools"][1]["reserve_ratio"] = 0.3  # 32 GPUs x 0.3 = 9.6: the floor matters
+    document["elastic"]["shed_while_production_above"] = 0.5  # production crosses it often
+    document["workloads"][0]["max_replicas"] = 32  # >= 10 replicas: HPA steps of 2 and more
+    document["production"] = []  # the replay's production follows the trace
     return {"default": default, "reserve": parse_policy(document)}
 
 
+Region = str
+
+
+def _region(policy: PoolPolicy, view: ExporterView) -> Region:
+    """Which of the budget's four steps the state takes (the same order as the query)."""
+    room, prod, e = spare(policy, view), production_utilization(policy, view), policy.elastic
+    assert room is not None
+    if room < 0:
+        return "shortfall"
+    if prod is not None and prod > e.shed_while_production_above:
+        return "shed"
+    if prod is not None and prod < e.grow_while_production_below:
+        return "grow"
+    return "hold"
+
+
 def _states(policy: PoolPolicy) -> list[ExporterView]:
-    """Exporter states the replay evaluated its budget on, evenly sampled."""
+    """Exporter states the replay evaluated its budget on, stratified by the step taken."""
     seen: list[ExporterView] = []
     w = policy.workloads[0]
     n = 64
@@ -60,74 +81,112 @@ def _states(policy: PoolPolicy) -> list[ExporterView]:
         np.zeros(n, dtype=bool),
         backlog=True,
     )
-    trace = diurnal(hours=24, peak_gpus=90, trough_gpus=2, duty_cycle=0.95, seed=3)
+    # Production peaks beyond the cluster's 96 GPUs at 90 % duty per replica: every step of
+    # the budget is taken, and production and flex pods both wait at times.
+    trace = diurnal(hours=24, peak_gpus=120, trough_gpus=2, duty_cycle=0.95, seed=3)
     replay_pooled(
         policy,
         Layout.of_policy(policy),
         trace,
         [FlexInput(w, requests, 200_000, Latencies(), backlog_window=4096)],
-        Settings(hours=24, flex_startup_s=120),
+        Settings(hours=24, flex_startup_s=120, production=ProductionRule(target_utilization=0.9)),
         prod_tokens_per_gpu_s=1.0,
         observe=lambda _t, view: seen.append(view),
     )
-    # Stratified: a third from each side of the band and inside it; within a region the
-    # states with the most flex replicas first (where a wrong step shows), then spread in time.
-    e = policy.elastic
-    by_region: dict[str, list[ExporterView]] = {"grow": [], "hold": [], "shed": []}
+    # A quarter from each step; within a step the states with the most pods first (where a
+    # wrong term shows), then spread in time.
+    by_region: dict[Region, list[ExporterView]] = {}
     for view in seen:
-        u = view.cluster_utilization()
-        assert u is not None
-        region = "grow" if u < e.scale_up_below else "shed" if u > e.shed_above else "hold"
-        by_region[region].append(view)
+        by_region.setdefault(_region(policy, view), []).append(view)
     picked: list[ExporterView] = []
     for views in by_region.values():
-        ranked = sorted(views, key=lambda v: -sum(v.spec_replicas.values()))
-        picked += ranked[: STATES // 6]
-        spread = np.linspace(0, len(views) - 1, STATES // 6).round().astype(int) if views else []
+        ranked = sorted(views, key=lambda v: -len(v.pods))
+        picked += ranked[: STATES // 8]
+        spread = np.linspace(0, len(views) - 1, STATES // 8).round().astype(int)
         picked += [views[i] for i in spread]
     return picked
 
 
+PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+
+
 def _openmetrics(policy: PoolPolicy, states: list[ExporterView]) -> str:
+    """The states as kube-state-metrics and dcgm-exporter series, one state every
+    ``SPACING_S`` (beyond the 5 m lookback, so a pod gone in the next state leaves no trace)."""
     label = c.ksm_label(policy.cluster.pool_label)
-    gpu_lines, node_lines, replica_lines = [], [], []
-    nodes: set[tuple[str, str]] = set()
+    gpu_label, resource = policy.metrics.gpu_node_label, policy.metrics.gpu_resource
+    ns_label, pod_label = policy.metrics.gpu_pod_labels
+    prod_class = policy.priorities.production.name
+    series: dict[str, list[str]] = {}
+
+    def add(family: str, labels: str, value: float, t: int) -> None:
+        series.setdefault(family, []).append(f"{family}{{{labels}}} {float(value)!r} {t}")
+
     for k, view in enumerate(states):
-        t = T0 + 60 * k
-        for pool, util in view.gpu_util_pct.items():
-            per_node = next(p.gpus_per_node for p in policy.node_pools if p.name == pool)
-            for i, value in enumerate(util):
-                node = f"{pool}-{i // per_node}"
-                nodes.add((node, pool))
-                gpu_lines.append(
-                    f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i % per_node}",'
-                    f'{policy.metrics.gpu_node_label}="{node}"}} {float(value)!r} {t}'
-                )
-        for name, replicas in view.spec_replicas.items():
-            replica_lines.append(
-                f'kube_deployment_spec_replicas{{namespace="{policy.cluster.flex_namespace}",'
-                f'deployment="{name}"}} {replicas} {t}'
+        t = T0 + SPACING_S * k
+        gpus_used: dict[str, int] = {}
+        for node in view.nodes:
+            if node.pool is not None:
+                add("kube_node_labels", f'node="{node.name}",{label}="{node.pool}"', 1, t)
+            add(
+                "kube_node_status_allocatable",
+                f'node="{node.name}",resource="{resource}",unit="integer"',
+                node.allocatable,
+                t,
             )
-    for k in range(len(states)):
-        for node, pool in sorted(nodes):
-            node_lines.append(f'kube_node_labels{{node="{node}",{label}="{pool}"}} 1 {T0 + 60 * k}')
+            add("kube_node_spec_unschedulable", f'node="{node.name}"', 0, t)
+            add(
+                "kube_node_status_condition",
+                f'node="{node.name}",condition="Ready",status="true"',
+                int(node.schedulable),
+                t,
+            )
+        for pod in view.pods:
+            who = f'namespace="{pod.namespace}",pod="{pod.name}"'
+            for phase in PHASES:
+                add("kube_pod_status_phase", f'{who},phase="{phase}"', int(phase == pod.phase), t)
+            klass = prod_class if pod.production else policy.priorities.idle_inference.name
+            add("kube_pod_info", f'{who},priority_class="{klass}"', 1, t)
+            bound = f',node="{pod.node}"' if pod.node else ""
+            add(
+                "kube_pod_container_resource_requests",
+                f'{who},container="vllm"{bound},resource="{resource}",unit="integer"',
+                pod.gpus,
+                t,
+            )
+            if pod.terminating:
+                add("kube_pod_deletion_timestamp", who, t - 10, t)
+            if pod.node is not None:
+                assert pod.util_pct is not None
+                for _ in range(pod.gpus):
+                    gpu = gpus_used.get(pod.node, 0)
+                    gpus_used[pod.node] = gpu + 1
+                    add(
+                        "DCGM_FI_DEV_GPU_UTIL",
+                        f'gpu="{gpu}",{gpu_label}="{pod.node}",'
+                        f'{ns_label}="{pod.namespace}",{pod_label}="{pod.name}"',
+                        pod.util_pct,
+                        t,
+                    )
+        for node in view.nodes:
+            for gpu in range(gpus_used.get(node.name, 0), node.allocatable):
+                add("DCGM_FI_DEV_GPU_UTIL", f'gpu="{gpu}",{gpu_label}="{node.name}"', 0, t)
+        for name, replicas in view.spec_replicas.items():
+            add(
+                "kube_deployment_spec_replicas",
+                f'namespace="{policy.cluster.flex_namespace}",deployment="{name}"',
+                replicas,
+                t,
+            )
 
     # OpenMetrics wants each series' samples together and in time order.
     def grouped(lines: list[str]) -> list[str]:
         return sorted(lines, key=lambda s: (s.rsplit(" ", 2)[0], int(s.rsplit(" ", 1)[1])))
 
-    return "\n".join(
-        [
-            "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
-            *grouped(gpu_lines),
-            "# TYPE kube_node_labels gauge",
-            *grouped(node_lines),
-            "# TYPE kube_deployment_spec_replicas gauge",
-            *grouped(replica_lines),
-            "# EOF",
-            "",
-        ]
-    )
+    out: list[str] = []
+    for family, lines in sorted(series.items()):
+        out += [f"# TYPE {family} gauge", *grouped(lines)]
+    return "\n".join([*out, "# EOF", ""])
 
 
 @pytest.fixture(scope="module")
@@ -166,26 +225,24 @@ def test_replay_budget_equals_the_catalogue_promql(
     flex_pool = policy.pool_of(workload)
     regions = set()
     for k, view in enumerate(states):
-        at = T0 + 60 * k
-        expected = budget(policy, workload, view)
-        assert _value(prom, catalogue.query(c.FLEX_GPU_BUDGET), at) == expected, (k, view)
+        at = T0 + SPACING_S * k
+        assert _value(prom, catalogue.query(c.SPARE_GPUS), at) == spare(policy, view), k
+        assert _value(prom, catalogue.query(c.PRODUCTION_GPU_UTILIZATION), at) == pytest.approx(
+            production_utilization(policy, view), abs=1e-12
+        ), k
         assert _value(prom, catalogue.query(c.FLEX_HEADROOM_GPUS), at) == headroom(
             policy, flex_pool, view
-        )
-        cluster = view.cluster_utilization()
-        assert cluster is not None
-        assert _value(prom, catalogue.query(c.CLUSTER_GPU_UTILIZATION), at) == pytest.approx(
-            cluster, abs=1e-12
-        )
-        e = policy.elastic
-        regions.add(
-            "grow" if cluster < e.scale_up_below else "shed" if cluster > e.shed_above else "hold"
-        )
-    assert regions == {"grow", "hold", "shed"}, f"the sampled states cover only {regions}"
-    shed_with_replicas = [
-        v
-        for v in states
-        if (v.cluster_utilization() or 0) > policy.elastic.shed_above
-        and v.spec_replicas[workload.name] > 1
-    ]
-    assert shed_with_replicas, "no sampled shed state has a replica to shed"
+        ), k
+        expected = budget(policy, workload, view)
+        assert _value(prom, catalogue.query(c.FLEX_GPU_BUDGET), at) == expected, (k, view)
+        regions.add(_region(policy, view))
+    assert regions == {"shortfall", "shed", "grow", "hold"}, f"states cover only {regions}"
+    assert any(p.node is None and not p.production for v in states for p in v.pods), (
+        "no sampled state has a pending flex pod"
+    )
+    assert any(p.terminating for v in states for p in v.pods), "no terminating pod sampled"
+    if name == "reserve":
+        assert max(v.spec_replicas[workload.name] for v in states) >= 10, "no HPA step > 1"
+    assert any(p.node is None and p.production for v in states for p in v.pods), (
+        "no sampled state has a pending production pod"
+    )

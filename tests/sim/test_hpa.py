@@ -340,6 +340,21 @@ def test_from_manifest_reads_the_rendered_hpa(policy: PoolPolicy, rendered: dict
     assert HpaSpec.from_manifest(rendered, tolerance=0.05).tolerance == 0.05
 
 
+def test_behavior_tolerance_replaces_the_controller_flag_per_direction(policy: PoolPolicy) -> None:
+    """``gpupool:hpaTolerance: behavior`` renders tolerance 0 both ways: a one-replica step
+    at 20 replicas (5 %) is taken, where the controller's 10 % swallows it."""
+    workload = policy.workloads[0].model_copy(update={"max_replicas": 40})
+    flag = HpaSpec.from_manifest(autoscaler(policy, workload))
+    per_hpa = HpaSpec.from_manifest(autoscaler(policy, workload, "behavior"))
+    assert (per_hpa.scale_up_tolerance, per_hpa.scale_down_tolerance) == (0.0, 0.0)
+    g = workload.gpus_per_replica
+    for spec, grows in ((flag, False), (per_hpa, True)):
+        state = HpaState()
+        reconcile(spec, state, now_s=0, current_replicas=20, metric=20.0 * g)
+        after = reconcile(spec, state, now_s=600, current_replicas=20, metric=21.0 * g)
+        assert (after == 21) is grows, (spec, after)
+
+
 def test_rendered_hpa_waits_its_windows_and_keeps_its_rates(
     policy: PoolPolicy, rendered: dict[str, Any]
 ) -> None:
@@ -405,7 +420,8 @@ BAD_MANIFESTS = [
     ("spec.metrics[0].external.target.averageValue", _set(f"{METRIC}.target.averageValue", "two")),
     ("spec.metrics[0].external.target.averageValue", _set(f"{METRIC}.target.averageValue", "0")),
     ("spec.behavior", _set("spec.behavior", _DELETE)),
-    ("spec.behavior.scaleUp.tolerance", _set("spec.behavior.scaleUp.tolerance", "0.05")),
+    ("spec.behavior.scaleUp.tolerance", _set("spec.behavior.scaleUp.tolerance", "-1")),
+    ("spec.behavior.scaleDown.tolerance", _set("spec.behavior.scaleDown.tolerance", "lots")),
     ("spec.behavior.scaleDown.selectPolicy", _set("spec.behavior.scaleDown.selectPolicy", "Any")),
     ("spec.behavior.scaleDown.policies", _set("spec.behavior.scaleDown.policies", [])),
     (

@@ -133,11 +133,15 @@ def test_production_larger_than_the_cluster_is_refused_with_the_minute(tmp_path:
 
 def test_a_refused_policy_never_replays(tmp_path: Path) -> None:
     policy = _policy_copy(tmp_path)
-    policy.write_text(policy.read_text().replace("shed_above: 0.65", "shed_above: 0.2"))
+    text = policy.read_text()
+    assert "shed_while_production_above: 0.65" in text
+    policy.write_text(
+        text.replace("shed_while_production_above: 0.65", "shed_while_production_above: 0.2")
+    )
     out = tmp_path / "out"
     result = runner.invoke(app, ["whatif", "--policy", str(policy), "--plots", str(out)])
     assert result.exit_code == 1
-    assert "pool.yaml:" in result.output and "scale_up_below" in result.output
+    assert "pool.yaml:" in result.output and "grow_while_production_below" in result.output
     assert not out.exists()
 
 

@@ -1,5 +1,6 @@
-"""A Prometheus backfilled with every tuner scenario (one per test module run), and a
-throw-away git repository holding a copy of the shipped policy."""
+"""A Prometheus holding every tuner scenario (raw exporter series backfilled, the recording
+rules evaluated over them; one per test module), and a throw-away git repository holding a
+copy of the shipped policy."""
 
 from __future__ import annotations
 
@@ -10,15 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.servers import REPO, Server, backfill, start_prometheus
+from tests.harness.servers import REPO, Server
 from tests.tuner import scenarios
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def scenario_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    workdir = tmp_path_factory.mktemp("tuner-prometheus")
-    backfill(scenarios.openmetrics(), workdir, workdir / "data")
-    server = start_prometheus(scenarios.PROMETHEUS_CONFIG, workdir, data_dir=workdir / "data")
+    server = scenarios.build_prometheus(tmp_path_factory.mktemp("tuner-prometheus"))
     yield server
     server.stop()
 

@@ -25,17 +25,15 @@ SHIPPED = DEFAULT_POLICY.read_text()
 
 
 def test_splice_changes_only_the_value_and_keeps_comment_column() -> None:
-    out, document = edit_scalars(SHIPPED, [Change(("elastic", "shed_above"), 0.65, 0.7)])
-    assert document["elastic"]["shed_above"] == 0.7
+    change = Change(("elastic", "shed_while_production_above"), 0.65, 0.7)
+    out, document = edit_scalars(SHIPPED, [change])
+    assert document["elastic"]["shed_while_production_above"] == 0.7
     changed = [
         (a, b) for a, b in zip(SHIPPED.splitlines(), out.splitlines(), strict=True) if a != b
     ]
-    assert changed == [
-        (
-            "  shed_above: 0.65            # shed flex above 65 %",
-            "  shed_above: 0.7             # shed flex above 65 %",
-        )
-    ]
+    [line] = [x for x in SHIPPED.splitlines() if x.startswith("  shed_while_production_above:")]
+    assert "0.65   #" in line  # the shipped value, then its comment (whatever it says)
+    assert changed == [(line, line.replace("0.65   #", "0.7    #"))]  # same comment column
 
 
 def test_splice_refuses_a_field_not_written_in_the_file() -> None:
@@ -82,6 +80,16 @@ def test_settings_file_errors_name_line_and_field(tmp_path: Path) -> None:
     assert f"{path}:3: cooldown:" in text
     path.write_text("cooldown: 2h\n")
     assert load_settings(path).cooldown_s == 7200
+
+
+def test_retired_settings_say_what_became_of_them(tmp_path: Path) -> None:
+    path = tmp_path / "tuner.yaml"
+    path.write_text("cooldown: 2h\nshed_above_step: 0.05\nscale_down_stabilization_max_s: 900\n")
+    with pytest.raises(PolicyError) as caught:
+        load_settings(path)
+    text = str(caught.value)
+    assert f"{path}:2: shed_above_step: renamed shed_threshold_step" in text
+    assert f"{path}:3: scale_down_stabilization_max_s: removed" in text
 
 
 def test_notification_key_ignores_order_and_repeats() -> None:

@@ -484,7 +484,9 @@ def test_script_posts_the_replay_and_the_diff(
     policy_repo: Path, tmp_path: Path, github: ReplayGitHub
 ) -> None:
     base = _git(policy_repo, "rev-parse", "HEAD")
-    head = _commit_policy(policy_repo, "shed_above: 0.65 ", "shed_above: 0.70 ")
+    head = _commit_policy(
+        policy_repo, "shed_while_production_above: 0.65 ", "shed_while_production_above: 0.70 "
+    )
     _git(policy_repo, "checkout", "-q", base)  # the work tree is not what is judged
     github.load("list_comments_unmarked.json", "create_comment.json")
     run, whatif_calls = _run_script(policy_repo, tmp_path, github, **_posting(base, head))
@@ -513,7 +515,10 @@ def test_script_posts_the_replay_and_the_diff(
     details = body.index("<details><summary>Rendered manifest diff")
     assert body.index("### What-if replay") < details
     assert "</summary>\n\n```diff\n0 added, 0 removed, 3 changed\n" in body
-    assert "-      shed_above: 0.65\n+      shed_above: 0.7\n" in body[details:]
+    assert (
+        "-      shed_while_production_above: 0.65\n+      shed_while_production_above: 0.7\n"
+        in body[details:]
+    )
     assert body.rstrip().endswith("</details>")
     assert (run.out / "policy.diff").read_text(encoding="utf-8") in body
     assert run.stdout == (
@@ -525,7 +530,9 @@ def test_failing_validation_still_posts_why_then_fails(
     policy_repo: Path, tmp_path: Path, github: ReplayGitHub
 ) -> None:
     base = _git(policy_repo, "rev-parse", "HEAD")
-    head = _commit_policy(policy_repo, "shed_above: 0.65 ", "shed_above: 0.20 ")
+    head = _commit_policy(
+        policy_repo, "shed_while_production_above: 0.65 ", "shed_while_production_above: 0.20 "
+    )
     github.load(
         "list_comments_page1_next.json", "list_comments_page2_marked.json", "update_comment.json"
     )
@@ -538,7 +545,8 @@ def test_failing_validation_still_posts_why_then_fails(
     assert isinstance(posted, dict)
     body = posted["body"]
     assert "**Validation failed**" in body
-    assert "policy/pool.yaml:44: elastic.scale_up_below:" in body and "shed_above (0.2)" in body
+    assert "policy/pool.yaml:44: elastic.grow_while_production_below:" in body
+    assert "shed_while_production_above (0.2)" in body
     assert "<details>" not in body
 
 
@@ -546,7 +554,9 @@ def test_without_a_token_nothing_is_posted(
     policy_repo: Path, tmp_path: Path, github: ReplayGitHub
 ) -> None:
     base = _git(policy_repo, "rev-parse", "HEAD")
-    _commit_policy(policy_repo, "shed_above: 0.65 ", "shed_above: 0.70 ")
+    _commit_policy(
+        policy_repo, "shed_while_production_above: 0.65 ", "shed_while_production_above: 0.70 "
+    )
     github.load()
     run, whatif_calls = _run_script(
         policy_repo, tmp_path, github, BASE_REF=base, PR_NUMBER="42", PR_REPO=REPOSITORY
@@ -561,7 +571,9 @@ def test_a_diff_that_does_not_fit_is_left_to_the_artifact(
     policy_repo: Path, tmp_path: Path, github: ReplayGitHub
 ) -> None:
     base = _git(policy_repo, "rev-parse", "HEAD")
-    head = _commit_policy(policy_repo, "shed_above: 0.65 ", "shed_above: 0.70 ")
+    head = _commit_policy(
+        policy_repo, "shed_while_production_above: 0.65 ", "shed_while_production_above: 0.70 "
+    )
     github.load("list_comments_unmarked.json", "create_comment.json")
     run, _ = _run_script(
         policy_repo,
@@ -579,7 +591,9 @@ def test_a_diff_that_does_not_fit_is_left_to_the_artifact(
     assert "w" * 62000 in body and "<details>" not in body
     assert "does not fit in the comment: see `build/whatif/policy.diff`" in body
     assert "[this run](https://ci.example.com/run/7)" in body
-    assert "shed_above: 0.7" in (run.out / "policy.diff").read_text(encoding="utf-8")
+    assert "shed_while_production_above: 0.7" in (run.out / "policy.diff").read_text(
+        encoding="utf-8"
+    )
 
 
 def test_bad_refs_are_usage_errors(policy_repo: Path, tmp_path: Path, github: ReplayGitHub) -> None:

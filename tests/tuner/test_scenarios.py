@@ -1,5 +1,7 @@
-"""Real Prometheus (backfilled scenarios) and real git: each scenario yields exactly the
-expected proposal, or none, as a commit on a new branch of a temporary repository."""
+"""Real Prometheus and real git: raw exporter series backfilled, the shipped recording rules
+evaluated over them with promtool (``scenarios.build_prometheus``, one Prometheus for the
+module), the tuner's own query path, and each scenario yields exactly the expected
+proposal, or none, as a commit on a new branch of a temporary repository."""
 
 from __future__ import annotations
 
@@ -27,6 +29,20 @@ pytestmark = pytest.mark.slow
 SHIPPED = (REPO / "policy" / "pool.yaml").read_text()
 
 
+def edited(prefix: str, before: str, after: str) -> tuple[str, str]:
+    """The one shipped line ``prefix + before`` (whatever its comment says) and the same line
+    with the value spliced as the tuner does: the comment keeps its column."""
+    [line] = [x for x in SHIPPED.splitlines() if x.startswith(prefix + before)]
+    rest = line[len(prefix + before) :]
+    if not rest.lstrip(" ").startswith("#"):
+        return line, prefix + after + rest
+    column = len(line) - len(rest.lstrip(" "))
+    return line, (prefix + after).ljust(column - 1) + " " + rest.lstrip(" ")
+
+
+RESERVE = "    reserve_ratio: "
+
+
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
@@ -38,13 +54,22 @@ def _tuner_branches(repo: Path) -> list[str]:
     return out.split()
 
 
+RESERVE_AT_BOUND = TunerSettings(reserve_ratio_max=0.2)
+"""The shipped prod reserve (0.20) is already at the tuner's bound."""
+
+
 def _cycle(
-    server: Server, repo: Path, scenario: str, metrics: TunerMetrics | None = None, **kw: Any
+    server: Server,
+    repo: Path,
+    scenario: str,
+    metrics: TunerMetrics | None = None,
+    settings: TunerSettings | None = None,
+    **kw: Any,
 ) -> CycleReport:
     return run_cycle(
         client=connect(server.url),
         target=Target(repo=repo),
-        settings=TunerSettings(),
+        settings=settings or TunerSettings(),
         metrics=metrics or TunerMetrics.create(),
         at=scenarios.evaluation_time(scenario),
         **kw,
@@ -94,12 +119,7 @@ def test_eviction_storm_with_pending_production_raises_reserve(
     _assert_single_proposal(
         report,
         policy_repo,
-        [
-            (
-                "    reserve_ratio: 0.20       # kept free for production bursts",
-                "    reserve_ratio: 0.25       # kept free for production bursts",
-            )
-        ],
+        [edited(RESERVE, "0.20", "0.25")],
     )
     assert report.body is not None and "gpupool:flex_evictions:per_minute" in report.body
     assert "| `node_pools.0.reserve_ratio` | 0.2 | 0.25 |" in report.body
@@ -112,10 +132,8 @@ def test_idle_cluster_with_queued_flex_demand_widens_replicas(
     scenario_prometheus: Server, policy_repo: Path
 ) -> None:
     report = _cycle(scenario_prometheus, policy_repo, "idle")
-    text = _assert_single_proposal(
-        report, policy_repo, [("    max_replicas: 8", "    max_replicas: 10")]
-    )
-    assert "# kept free for production bursts" in text  # comments survive
+    text = _assert_single_proposal(report, policy_repo, [edited("    max_replicas: ", "8", "10")])
+    assert edited(RESERVE, "0.20", "0.20")[0] in text  # comments survive
     assert report.body is not None
     assert "-  maxReplicas: 8\n+  maxReplicas: 10" in report.body  # the rendered HPA diff
     assert text.count("#") == SHIPPED.count("#")
@@ -128,17 +146,75 @@ def test_low_hit_rate_with_full_cache_raises_kv_share(
     _assert_single_proposal(
         report,
         policy_repo,
-        [
-            (
-                "  max_gpu_memory_share: 0.75  # headroom for bursts",
-                "  max_gpu_memory_share: 0.8   # headroom for bursts",
-            )
-        ],
+        [edited("  max_gpu_memory_share: ", "0.75", "0.8")],
     )
     assert report.decision.compaction is None
     assert report.body is not None
     assert "~ gpupool-flex/deployment-llama-8b-flex.yaml" in report.body
     assert "- --kv-cache-memory-bytes" in report.body
+
+
+def test_eviction_storm_without_pending_production_raises_reserve(
+    scenario_prometheus: Server, policy_repo: Path
+) -> None:
+    """Flex preempted with no production pod seen pending and production near the shed
+    threshold: still the reserve (flex gives GPUs back earlier), never a higher threshold."""
+    report = _cycle(scenario_prometheus, policy_repo, "storm_near_shed")
+    _assert_single_proposal(report, policy_repo, [edited(RESERVE, "0.20", "0.25")])
+    assert report.body is not None
+    assert "| `gpupool:prod_pods_pending` | > 0 pending in 0% of samples |" in report.body
+
+
+def test_reserve_at_its_bound_lowers_the_shed_threshold(
+    scenario_prometheus: Server, policy_repo: Path
+) -> None:
+    """The same storm with the reserve at its bound: production's utilization stayed in the
+    band just below the shed threshold, so flex sheds one step earlier."""
+    report = _cycle(scenario_prometheus, policy_repo, "storm_near_shed", settings=RESERVE_AT_BOUND)
+    _assert_single_proposal(
+        report, policy_repo, [edited("  shed_while_production_above: ", "0.65", "0.6")]
+    )
+    assert report.body is not None
+    assert 'gpupool:flex_evictions:per_minute{reason="preemption"}' in report.body
+    assert "gpupool:production_gpu_utilization:ratio" in report.body
+    assert "~ gpupool-system/prometheusrule-gpupool.yaml" in report.body  # the budget rule
+
+
+def test_one_sample_near_the_shed_threshold_never_lowers_it(
+    scenario_prometheus: Server, policy_repo: Path
+) -> None:
+    """The same storm with production in that band in one sample only, the reserve at its
+    bound: no proposal, a no-op naming the bound for a person."""
+    report = _cycle(scenario_prometheus, policy_repo, "storm_blip", settings=RESERVE_AT_BOUND)
+    assert report.decision.proposal is None, report.lines()
+    assert _tuner_branches(policy_repo) == []
+    noop = next(n for n in report.decision.noops if n.rule == "eviction-storm")
+    assert noop.fail_closed is None
+    assert "reserve_ratio 0.2 is at its bound" in noop.reason
+    assert "a person must look" in noop.reason
+
+
+@pytest.mark.parametrize(
+    ("scenario", "rule", "reason"),
+    [
+        ("quiet", "eviction-storm", "below the 90% needed"),
+        ("blips", "eviction-storm", "below the 90% needed"),
+        ("blips", "idle-flex-demand", "production utilization below"),
+        ("drain", "eviction-storm", "the Eviction API (kubectl drain"),
+        ("idle_below_max", "idle-flex-demand", "gpupool:flex_hpa_at_max"),
+        ("kv_split", "kv-hit-rate", "none of them was also full"),
+    ],
+)
+def test_silence(
+    scenario_prometheus: Server, policy_repo: Path, scenario: str, rule: str, reason: str
+) -> None:
+    """Single-sample blips, a storm with no pool.yaml lever, an HPA below its bound, and a
+    low hit rate on one instance with the full cache on another: nothing is proposed."""
+    report = _cycle(scenario_prometheus, policy_repo, scenario)
+    assert report.decision.proposal is None and report.decision.compaction is None, report.lines()
+    assert _tuner_branches(policy_repo) == []
+    noop = next(n for n in report.decision.noops if n.rule == rule)
+    assert reason in noop.reason and noop.fail_closed is None, noop
 
 
 @pytest.fixture
@@ -177,10 +253,11 @@ def test_low_hit_rate_with_sparse_cache_requests_compaction(
     assert request["kind"] == "gpupool.compaction-request"
     assert request["workloads"] == ["llama-8b-flex"]
     assert request["namespace"] == "gpupool-flex"
+    pod = scenarios.flex_pod(0)
     assert {e["series"] for e in request["evidence"]} == {
-        "gpupool:kv_cache_hit_rate:ratio",
-        "gpupool:kv_cache_usage:ratio",
-    }
+        f'gpupool:kv_cache_hit_rate:ratio{{namespace="gpupool-flex",workload="llama-8b-flex",pod="{pod}"}}',
+        f'gpupool:kv_cache_usage:ratio{{namespace="gpupool-flex",workload="llama-8b-flex",pod="{pod}"}}',
+    }  # the instance's own windows
     # within kv_cache.compaction_min_interval a second cycle does not ask again
     again = _cycle(scenario_prometheus, policy_repo, "kv_sparse", compaction_url=url)
     assert again.decision.compaction is None and len(received) == 1
@@ -326,9 +403,6 @@ def test_uncommitted_work_is_left_alone_and_not_proposed(
     ]
 
 
-RESERVE_LINE = "    reserve_ratio: {}       # kept free for production bursts"
-
-
 @pytest.fixture
 def upstream_clone(policy_repo: Path, tmp_path: Path) -> tuple[Path, Path]:
     """(reviewer, tuner): ``policy_repo`` pushes to a bare upstream, and the tuner's
@@ -364,7 +438,7 @@ def test_each_cycle_decides_against_the_policy_fetched_from_upstream(
 
     # a reviewer changes the reserve upstream; the tuner's pod keeps running
     path = reviewer / "policy" / "pool.yaml"
-    path.write_text(SHIPPED.replace(RESERVE_LINE.format("0.20"), RESERVE_LINE.format("0.30")))
+    path.write_text(SHIPPED.replace(*edited(RESERVE, "0.20", "0.30")))
     _git(reviewer, "-c", "user.name=r", "-c", "user.email=r@example.invalid", "commit", "-qam", "r")
     _git(reviewer, "push", "--quiet", "origin", "main")
     merged = _git(reviewer, "rev-parse", "HEAD").strip()
@@ -373,7 +447,7 @@ def test_each_cycle_decides_against_the_policy_fetched_from_upstream(
     assert second.outcome == "created" and second.body is not None and second.branch is not None
     assert "| `node_pools.0.reserve_ratio` | 0.3 | 0.35 |" in second.body
     assert _git(tuner, "rev-parse", f"{second.branch}^").strip() == merged
-    assert RESERVE_LINE.format("0.35") in _proposed_text(tuner, second.branch)
+    assert edited(RESERVE, "0.20", "0.35")[1] in _proposed_text(tuner, second.branch)
     # only the remote-tracking ref moved: local main, index and work tree are as cloned
     assert _git(tuner, "rev-parse", "main") == local_main
     assert _git(tuner, "status", "--porcelain") == ""
