@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache, cached_property
 from typing import Literal
 
 from policy.nodepools import NodePool
@@ -66,13 +67,19 @@ class ExporterView:
     def schedulable(self, pools: set[str]) -> list[NodeState]:
         return [n for n in self.nodes if n.pool in pools and n.schedulable]
 
-    def unallocated(self, pools: set[str]) -> dict[str, int]:
-        """``_Builder.unallocated_by_node``: free GPUs per schedulable node of ``pools``."""
-        nodes = {n.name: n.allocatable for n in self.schedulable(pools)}
+    @cached_property
+    def _free(self) -> dict[str, tuple[str | None, int]]:
+        """Node -> (pool, GPUs no live pod requests) of every schedulable node."""
+        nodes = {n.name: n.allocatable for n in self.nodes if n.schedulable}
         for pod in self.pods:
             if pod.node in nodes:
                 nodes[pod.node] -= pod.gpus
-        return {name: max(free, 0) for name, free in nodes.items()}
+        pools = {n.name: n.pool for n in self.nodes}
+        return {name: (pools[name], max(free, 0)) for name, free in nodes.items()}
+
+    def unallocated(self, pools: set[str]) -> dict[str, int]:
+        """``_Builder.unallocated_by_node``: free GPUs per schedulable node of ``pools``."""
+        return {name: free for name, (pool, free) in self._free.items() if pool in pools}
 
 
 def _names(pools: list[NodePool]) -> set[str]:
@@ -134,9 +141,15 @@ def production_utilization(policy: PoolPolicy, view: ExporterView) -> float | No
     return math.fsum(busy) / total
 
 
+@cache
+def _pods_of(deployment: str) -> re.Pattern[str]:
+    """Names of a Deployment's pods: ``<name>-<pod-template-hash>-<suffix>``."""
+    return re.compile(rf"{re.escape(deployment)}-[a-z0-9]+-[a-z0-9]+")
+
+
 def held(policy: PoolPolicy, workload: FlexWorkload, view: ExporterView) -> int:
     """``_Builder.held``: GPUs of the workload's bound pods that are not terminating."""
-    pattern = re.compile(rf"{re.escape(workload.name)}-[a-z0-9]+-[a-z0-9]+")
+    pattern = _pods_of(workload.name)
     return sum(
         p.gpus
         for p in view.pods

@@ -359,6 +359,7 @@ class _PooledLoop:
         self.spec = {name: w.min_replicas for name, w in self.workloads.items()}
         self.budget: dict[str, float | None] = dict.fromkeys(self.workloads)
         self.held = dict.fromkeys(self.workloads, 0)
+        self.pod_states: dict[int, tuple[tuple[object, ...], PodState]] = {}
         self.production_needs = False
         self.flex_util = dict.fromkeys(self.workloads, 0.0)
         self.need = settings.production.replicas(trace)
@@ -413,9 +414,11 @@ class _PooledLoop:
             self.flex_util[name] = result.busy
             _add(self.totals[name], result)
             tokens += result.output_tokens
-        util = _exporter_util(c, prod_util, self.flex_util)
+        duty = _pool_duty(c, prod_util, self.flex_util)
         if step % self.eval_every == 0:
-            view = _exporter_view(c, now, prod_util, self.flex_util, self.spec, self.flex_ns)
+            view = _exporter_view(
+                c, now, prod_util, self.flex_util, self.spec, self.flex_ns, self.pod_states
+            )
             if self.observe is not None:
                 self.observe(now, view)
             room, load = spare(self.policy, view), production_utilization(self.policy, view)
@@ -443,7 +446,7 @@ class _PooledLoop:
             )
         self.series.prod_busy.append(float(busy))
         self.series.prod_wait_max_s.append(max(waiting, default=0.0))
-        self._record(now, want, len(waiting), served, util, evictions, tokens, self_shed, over)
+        self._record(now, want, len(waiting), served, duty, evictions, tokens, self_shed, over)
 
     def _flex_pod(self, w: FlexWorkload, now: float) -> Callable[[], Pod]:
         prio = self.policy.priorities.idle_inference
@@ -463,7 +466,9 @@ class _PooledLoop:
         pods = self.cluster.owned(owner)
         for _ in range(want - len(pods)):
             make()
-        for pod in self.cluster.scale_down_order(pods)[: max(0, len(pods) - want)]:
+        if len(pods) <= want:
+            return
+        for pod in self.cluster.scale_down_order(pods)[: len(pods) - want]:
             before = self._running(owner)
             self.cluster.terminate(pod, now)
             if owner in self.fleets and pod.phase is Phase.TERMINATING:
@@ -484,7 +489,7 @@ class _PooledLoop:
         want: int,
         prod_pending: int,
         served: float,
-        util: dict[str, NDArray[np.float64]],
+        duty: dict[str, float],
         evictions: list[Eviction],
         tokens: int,
         self_shed: int,
@@ -521,10 +526,8 @@ class _PooledLoop:
             self_shed=self_shed,
             budget_over_free=max(over, 0),
         )
-        for pool, values in util.items():
-            self.series.util_by_pool[pool].append(
-                float(values.mean()) / 100 if values.size else 0.0
-            )
+        for pool, mean in duty.items():
+            self.series.util_by_pool[pool].append(mean)
             size = c.pool_gpus(pool)
             free = sum(n.free for n in c.nodes[pool])
             self.series.alloc_by_pool[pool].append((size - free) / size if size else 0.0)
@@ -534,27 +537,18 @@ class _PooledLoop:
         return self.totals
 
 
-def _exporter_util(
-    cluster: Cluster, prod_util: float, flex_util: dict[str, float]
-) -> dict[str, NDArray[np.float64]]:
-    """dcgm-exporter's ``DCGM_FI_DEV_GPU_UTIL`` (percent) of every GPU, by pool.
-
-    Running pods report their duty cycle, starting and terminating ones 0 (loading or
-    draining), unallocated GPUs 0.
-    """
-    out: dict[str, NDArray[np.float64]] = {}
+def _pool_duty(cluster: Cluster, prod_util: float, flex_util: dict[str, float]) -> dict[str, float]:
+    """Mean ``DCGM_FI_DEV_GPU_UTIL`` (0-1) of each pool's GPUs: running pods report their
+    duty cycle, starting and terminating ones 0 (loading or draining), unallocated GPUs 0."""
+    out: dict[str, float] = {}
     for pool, nodes in cluster.nodes.items():
-        values: list[float] = []
-        counts: list[int] = []
+        busy = 0.0
         for node in nodes:
             for pod in node.pods:
-                running = pod.phase is Phase.RUNNING
-                util = (prod_util if pod.production else flex_util[pod.owner]) if running else 0.0
-                values.append(round(util * 100, 6))
-                counts.append(pod.gpus)
-            values.append(0.0)
-            counts.append(node.free)
-        out[pool] = np.repeat(np.array(values, dtype=np.float64), np.array(counts, dtype=np.int64))
+                if pod.phase is Phase.RUNNING:
+                    busy += pod.gpus * (prod_util if pod.production else flex_util[pod.owner])
+        size = cluster.pool_gpus(pool)
+        out[pool] = busy / size if size else 0.0
     return out
 
 
@@ -568,10 +562,12 @@ def _exporter_view(
     flex_util: dict[str, float],
     spec: dict[str, int],
     flex_namespace: str,
+    seen: dict[int, tuple[tuple[object, ...], PodState]],
 ) -> ExporterView:
     """What kube-state-metrics and dcgm-exporter would report: nodes (a node still being
     provisioned is NotReady), every live pod with its node, phase and deletion mark, and
-    the duty cycle of the GPUs bound pods hold (starting pods report 0)."""
+    the duty cycle of the GPUs bound pods hold (starting pods report 0). ``seen`` keeps each
+    pod's last state, reused while nothing it reports has changed."""
     nodes = tuple(
         NodeState(node.name, pool, node.gpus, schedulable=node.ready_at <= now)
         for pool, members in cluster.nodes.items()
@@ -580,11 +576,15 @@ def _exporter_view(
     pct = {owner: round(u * 100, 6) for owner, u in flex_util.items()}
     pct[PRODUCTION] = round(prod_util * 100, 6)
     pods = []
+    live: dict[int, tuple[tuple[object, ...], PodState]] = {}
     for pod in cluster.pods:
         if pod.phase is Phase.GONE:
             continue
-        pods.append(
-            PodState(
+        util = None if pod.node is None else pct[pod.owner] if pod.phase is Phase.RUNNING else 0.0
+        key = (pod.phase, pod.node, util)
+        known = seen.get(pod.uid)
+        if known is None or known[0] != key:
+            state = PodState(
                 PRODUCTION_NAMESPACE if pod.production else flex_namespace,
                 f"{pod.owner}-sim-{pod.uid:05d}",
                 pod.gpus,
@@ -592,13 +592,13 @@ def _exporter_view(
                 node=None if pod.node is None else pod.node.name,
                 production=pod.production,
                 terminating=pod.phase is Phase.TERMINATING,
-                util_pct=None
-                if pod.node is None
-                else pct[pod.owner]
-                if pod.phase is Phase.RUNNING
-                else 0.0,
+                util_pct=util,
             )
-        )
+            known = (key, state)
+        live[pod.uid] = known
+        pods.append(known[1])
+    seen.clear()
+    seen.update(live)
     return ExporterView(nodes, tuple(pods), dict(spec))
 
 
