@@ -14,9 +14,8 @@ from __future__ import annotations
 import copy
 import shutil
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import jsonschema
 import kubernetes_validate
@@ -49,6 +48,7 @@ from infra.render import KUSTOMIZATION, PRODUCTION_DIR, production_documents
 from policy import DEFAULT_POLICY, PolicyError, PoolPolicy, load_policy, parse_policy
 from runtime.cli.app import app
 from tests.infra.policies import edited, explicit_args
+from tests.infra.test_program import Recorder, pulumi_test
 
 VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 
@@ -694,28 +694,7 @@ def test_bundle_groups_the_hpas_only_when_there_are_some() -> None:
 # --- the Pulumi transformation -----------------------------------------------------------------
 
 
-class Recorder(pulumi.runtime.Mocks):
-    """Keeps (type token, logical name, inputs) of every registration."""
-
-    def __init__(self) -> None:
-        self.registered: list[tuple[str, str, dict[str, Any]]] = []
-
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        self.registered.append((args.typ, args.name, dict(args.inputs)))
-        return f"{args.name}-id", dict(args.inputs)
-
-    def call(
-        self, args: pulumi.runtime.MockCallArgs
-    ) -> tuple[dict[Any, Any], list[tuple[str, str]] | None]:
-        return {}, None
-
-
 RECORDER = Recorder()
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def pulumi_test(fn: F) -> F:
-    return cast(F, pulumi.runtime.test(fn))  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture
