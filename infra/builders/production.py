@@ -63,10 +63,6 @@ GPU_UTILIZATION_METRIC = "gpupool_pod_gpu_utilization"
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 """dcgm-exporter's GPU utilization gauge, in percent (FACTS.md "Metric names")."""
 
-POD_LABELS = {"namespace": "namespace", "pod": "pod"}
-"""Resource -> label of ``DCGM_GPU_UTIL`` naming the pod that holds the GPU (dcgm-exporter's
-pod mapping; scraped with ``honorLabels: true``, as the GPU operator's ServiceMonitor does)."""
-
 SCALE_UP_PERIOD_S = 15
 """Period of the production scale-up policies (Kubernetes' default scale-up behaviour)."""
 
@@ -310,7 +306,9 @@ def production_adapter_rules(policy: PoolPolicy) -> dict[str, Any]:
     namespaces = sorted({w.namespace for w in policy.production if w.renders_hpa})
     if not namespaces:
         return {"rules": []}
-    ns, pod = POD_LABELS["namespace"], POD_LABELS["pod"]
+    # dcgm-exporter's labels naming the pod that holds each GPU (``exported_*`` when the
+    # scrape does not honour its labels): the same ones the catalogue joins on.
+    ns, pod = policy.metrics.gpu_pod_labels
     return {
         "rules": [
             {

@@ -677,6 +677,19 @@ def test_adapter_rule_serves_the_hpa_metric() -> None:
     }
     assert "/ 100" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
     assert production_adapter_rules(policy_of(RANKERS, EMBED)) == {"rules": []}
+    # Scraped without honorLabels, dcgm-exporter's pod labels arrive as exported_*: the rule
+    # follows metrics.gpu_pod_labels, the same labels the catalogue joins on.
+    exported = policy_of(
+        LLAMA, edits={"metrics.gpu_pod_labels": ["exported_namespace", "exported_pod"]}
+    )
+    (rule,) = production_adapter_rules(exported)["rules"]
+    assert rule["seriesQuery"] == (
+        'DCGM_FI_DEV_GPU_UTIL{exported_namespace=~"inference",exported_pod!=""}'
+    )
+    assert rule["resources"]["overrides"] == {
+        "exported_namespace": {"resource": "namespace"},
+        "exported_pod": {"resource": "pod"},
+    }
 
 
 def test_bundle_groups_the_hpas_only_when_there_are_some() -> None:
