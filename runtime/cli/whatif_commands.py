@@ -6,32 +6,25 @@ import json
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from infra.builders.workload import HPA_TOLERANCES, HpaTolerance
-from policy import DEFAULT_POLICY, PoolPolicy, load_policy
+from infra.builders.workload import HPA_TOLERANCES
+from policy import DEFAULT_POLICY, load_policy
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.sim import markdown, output
-from runtime.sim.engine import ProductionRule, Settings
 from runtime.sim.gitrefs import RefError, policy_at
+from runtime.sim.options import DEMO, Options, build_whatif
 from runtime.sim.service_time import ServiceTimeError
 from runtime.sim.traces import (
-    FlexTrace,
-    ProductionTrace,
     TraceError,
-    bundled,
-    diurnal,
-    load_flex_trace,
-    load_production_trace,
 )
-from runtime.sim.whatif import Demand, LayoutMode, Result, WhatIf, WhatIfError, run
+from runtime.sim.whatif import Result, WhatIfError, run
 from runtime.vllm import BackendError, KvPlanError, ModelConfigError
 
 console = Console(highlight=False)
@@ -48,81 +41,9 @@ DOMAIN_ERRORS = (
 LOCAL_POLICY = Path("policy/pool.yaml")
 
 
-@dataclass(frozen=True)
-class Options:
-    """The replay options shared by ``whatif`` and ``demo``."""
-
-    prod_trace: str | None
-    flex_traces: tuple[str, ...]
-    backlogs: tuple[str, ...]
-    rate_scale: float
-    hours: float | None
-    seed: int
-    layout: LayoutMode
-    fit_production: bool
-    production_rule: Literal["duty", "held"]
-    prod_target_utilization: float
-    startup_s: float
-    target: Literal["labels", "karpenter"]
-    hpa_tolerance: HpaTolerance = "cluster"
-
-
 def default_policy() -> Path:
     """``./policy/pool.yaml`` in a policy repository, else the embedded default."""
     return LOCAL_POLICY if LOCAL_POLICY.is_file() else DEFAULT_POLICY
-
-
-def _production(spec: str | None, seed: int, peak: int) -> ProductionTrace:
-    if spec is None:
-        return load_production_trace(bundled("alibaba"))
-    if spec == "diurnal":
-        return diurnal(hours=24, peak_gpus=peak, trough_gpus=max(1, peak // 4), seed=seed)
-    return load_production_trace(Path(spec))
-
-
-def _flex(spec: str) -> FlexTrace:
-    if spec in ("azure-code", "mooncake"):
-        return load_flex_trace(bundled(spec))  # type: ignore[arg-type]
-    return load_flex_trace(Path(spec))
-
-
-def _split(value: str, default: str) -> tuple[str, str]:
-    workload, sep, path = value.partition("=")
-    return (workload, path) if sep and "/" not in workload else (default, value)
-
-
-def build_whatif(options: Options, policy: PoolPolicy) -> WhatIf:
-    """Parse every trace before anything runs (bad input fails here, nothing written)."""
-    # Without workloads there is nothing to name; ``whatif.run`` refuses such a policy.
-    first = policy.workloads[0].name if policy.workloads else ""
-    production = _production(options.prod_trace, options.seed, policy.prod_pool.gpu_capacity)
-    traces: dict[str, list[FlexTrace]] = {}
-    flex_specs = options.flex_traces
-    if not flex_specs and not options.backlogs:
-        flex_specs = ("azure-code", "mooncake")
-    for spec in flex_specs:
-        workload, path = _split(spec, first)
-        traces.setdefault(workload, []).append(_flex(path))
-    backlog: dict[str, FlexTrace] = {}
-    for spec in options.backlogs:
-        workload, path = _split(spec, first)
-        backlog[workload] = _flex(path)
-    demand = {
-        name: Demand(tuple(traces.get(name, ())), backlog.get(name), options.rate_scale)
-        for name in {*traces, *backlog}
-    }
-    hours = options.hours or min(24.0, production.duration_s / 3600)
-    rule = ProductionRule(
-        options.production_rule, options.prod_target_utilization, startup_s=options.startup_s
-    )
-    settings = Settings(
-        hours=hours,
-        flex_startup_s=options.startup_s,
-        production=rule,
-        target=options.target,
-        hpa_tolerance=options.hpa_tolerance,
-    )
-    return WhatIf(production, demand, settings, options.layout, options.fit_production)
 
 
 def replay(policy_file: Path, options: Options, label: str) -> Result:
@@ -311,24 +232,6 @@ def _domain_errors() -> Iterator[None]:
         yield
     except DOMAIN_ERRORS as exc:
         raise UsageProblem(str(exc)) from None
-
-
-DEMO = Options(
-    prod_trace=None,
-    flex_traces=("azure-code", "mooncake"),
-    backlogs=(),
-    rate_scale=1.0,
-    hours=None,
-    seed=0,
-    layout="trace",
-    fit_production=False,
-    production_rule="duty",
-    prod_target_utilization=0.6,
-    startup_s=300.0,
-    target="labels",
-)
-"""``gpupool demo``: the bundled Alibaba production sample, the Azure code and Mooncake
-flex traces, on a cluster sized to the production trace (docs/whatif.md)."""
 
 
 def replay_demo(out: Path) -> None:

@@ -17,7 +17,7 @@ from infra.builders.nodepools import Target as NodePoolTarget
 from policy import PoolPolicy, parse_policy
 from runtime.tuner import compaction, forge, gitrepo, prtext, signals
 from runtime.tuner.decisions import CycleDecision, NoOp, apply_changes, decide
-from runtime.tuner.manifests import manifest_diff
+from runtime.tuner.manifests import manifest_diff, whatif_comparison
 from runtime.tuner.prometheus import fetch_snapshot
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
@@ -183,6 +183,17 @@ def run_cycle(
                 new_text=new_text,
                 target=target.render_target,
             ),
+            whatif=whatif_comparison(
+                target.repo,
+                base_commit=base_commit,
+                policy_path=target.policy_path,
+                policy=policy,
+                base_text=base_text,
+                new_text=new_text,
+                hours=settings.whatif_hours,
+            )
+            if settings.whatif_hours > 0
+            else None,
         )
         report = replace(report, branch=branch, body=body)
         if dry_run:

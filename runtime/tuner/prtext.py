@@ -27,8 +27,10 @@ def pr_body(
     window: str,
     policy_path: str,
     manifest_diff: str,
+    whatif: str | None = None,
 ) -> str:
-    """Markdown with the evidence a reviewer needs: windows, before/after, effect, diff."""
+    """Markdown with the evidence a reviewer needs: windows, before/after, effect, diff, and
+    (``whatif``) the closed-loop replay of the policy before and after."""
     when = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     lines = [
         f"Proposed by `gpupool tune` (rule `{proposal.rule}`) from the {window} ending {when}.",
@@ -70,6 +72,8 @@ def pr_body(
         lines.append("_`gpupool diff`: no rendered object changes._")
     else:
         lines += ["```diff", manifest_diff.rstrip("\n"), "```"]
+    if whatif is not None:
+        lines += ["", "## What-if", "", whatif.rstrip("\n")]
     lines += [
         "",
         "Merge to apply with `pulumi up` after review; close to reject (the tuner will not "

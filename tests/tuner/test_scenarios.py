@@ -69,7 +69,8 @@ def _cycle(
     return run_cycle(
         client=connect(server.url),
         target=Target(repo=repo),
-        settings=settings or TunerSettings(),
+        # The PR body's what-if replays take seconds; one test keeps them (storm).
+        settings=settings or TunerSettings(whatif_hours=0),
         metrics=metrics or TunerMetrics.create(),
         at=scenarios.evaluation_time(scenario),
         **kw,
@@ -115,7 +116,7 @@ def test_quiet_cluster_proposes_nothing(scenario_prometheus: Server, policy_repo
 def test_eviction_storm_with_pending_production_raises_reserve(
     scenario_prometheus: Server, policy_repo: Path
 ) -> None:
-    report = _cycle(scenario_prometheus, policy_repo, "storm")
+    report = _cycle(scenario_prometheus, policy_repo, "storm", settings=TunerSettings())
     _assert_single_proposal(
         report,
         policy_repo,
@@ -123,6 +124,10 @@ def test_eviction_storm_with_pending_production_raises_reserve(
     )
     assert report.body is not None and "gpupool:flex_evictions:per_minute" in report.body
     assert "| `node_pools.0.reserve_ratio` | 0.2 | 0.25 |" in report.body
+    # The closed-loop replay of both policies, the same comparison `gpupool whatif` writes.
+    whatif = report.body[report.body.index("## What-if") :]
+    assert "-> `proposed`, 6 h replay" in whatif and "harvested GPU-h" in whatif
+    assert "Closed-loop checks (head):" in whatif
     message = _git(policy_repo, "log", "-1", "--format=%B", report.branch or "")
     assert message.startswith("Raise the production reserve to 0.25")
     assert report.body_path is not None and report.body_path.read_text().endswith(report.body)
@@ -136,6 +141,7 @@ def test_idle_cluster_with_queued_flex_demand_widens_replicas(
     assert edited(RESERVE, "0.20", "0.20")[0] in text  # comments survive
     assert report.body is not None
     assert "-  maxReplicas: 8\n+  maxReplicas: 10" in report.body  # the rendered HPA diff
+    assert "## What-if" not in report.body  # whatif_hours 0 leaves the section out
     assert text.count("#") == SHIPPED.count("#")
 
 
