@@ -6,11 +6,10 @@ responses recorded in ``fixtures/github/`` (each file: the request it answers, t
 headers and body in GitHub's documented shape; ``{api}`` in a header is the server's URL)
 and records every request it receives.
 
-``gpupool whatif`` is built in parallel with this check, so the script tests run the script
-with ``GPUPOOL_WHATIF`` pointing at a small stand-in that writes a markdown report (with its
-own marker line, as the real one does) and a plot.
-TODO: the end-to-end test of the script with the real ``gpupool whatif`` is added once that
-command exists (by its author).
+Most script tests run the script with ``GPUPOOL_WHATIF`` pointing at a small stand-in that
+writes a markdown report (with its own marker line, as the real one does) and a plot, so they
+check the script's plumbing in a second; one runs it end to end with the real ``gpupool
+whatif`` (a short replay of the bundled traces).
 """
 
 from __future__ import annotations
@@ -524,6 +523,37 @@ def test_script_posts_the_replay_and_the_diff(
     assert run.stdout == (
         f"created https://github.com/acme/gpupool-policy/pull/42#issuecomment-{CREATED_ID}\n"
     )
+
+
+@pytest.mark.slow
+def test_script_posts_the_real_replay_of_both_refs(
+    policy_repo: Path, tmp_path: Path, github: ReplayGitHub
+) -> None:
+    """End to end: validate, diff and the real closed-loop replay of base and head."""
+    base = _git(policy_repo, "rev-parse", "HEAD")
+    head = _commit_policy(policy_repo, "reserve_ratio: 0.20 ", "reserve_ratio: 0.30 ")
+    github.load("list_comments_unmarked.json", "create_comment.json")
+    gpupool = Path(sys.executable).parent / "gpupool"
+    run, _ = _run_script(
+        policy_repo,
+        tmp_path,
+        github,
+        GPUPOOL_WHATIF=f"{gpupool} whatif --hours 0.5",
+        **_posting(base, head),
+    )
+    assert run.returncode == 0, run.stderr
+    posted = github.received[1].body
+    assert isinstance(posted, dict)
+    body = posted["body"]
+    assert body.count("<!-- gpupool-whatif -->") == 1
+    assert f"## gpupool what-if: `{base[:7]}` -> `{head[:7]}`, 0.5 h replay" in body
+    assert "production pod-minutes unmet" in body and "harvested GPU-h" in body
+    assert "Closed-loop checks (head):" in body
+    # the reserve is a lever that changes the cluster: the rendered budget rule differs
+    assert 'label_replace(vector(0.3), "pool", "gpu-prod", "", "")' in (
+        run.out / "policy.diff"
+    ).read_text(encoding="utf-8")
+    assert {"head-gpus.png", "base-gpus.png"} <= {p.name for p in run.out.iterdir()}
 
 
 def test_failing_validation_still_posts_why_then_fails(
