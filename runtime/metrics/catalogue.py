@@ -202,17 +202,16 @@ class _Builder:
 
     def reserve(self) -> str:
         """GPUs every pool keeps unallocated: sum of floor(schedulable GPUs x reserve_ratio)."""
-        ratios = [p for p in self.policy.node_pools if p.reserve_ratio > 0]
-        if not ratios:
-            return "vector(0)"
-        constants = " or ".join(
-            f'label_replace(vector({num(p.reserve_ratio)}), "pool", "{p.name}", "", "")'
-            for p in ratios
-        )
-        per_pool = (
-            f"floor(sum by (pool) ({self.schedulable_gpus(ratios)}) * on (pool) ({constants}))"
-        )
-        return f"(sum({per_pool}) or vector(0))"
+        own = [r for r in map(self.own_reserve, self.policy.node_pools) if r is not None]
+        return f"({' + '.join(own)})" if own else "vector(0)"
+
+    def own_reserve(self, pool: NodePool) -> str | None:
+        """GPUs ``pool`` keeps unallocated of its own, floor(schedulable GPUs x reserve_ratio)
+        (no labels); None without a reserve."""
+        if pool.reserve_ratio <= 0:
+            return None
+        gpus = f"sum({self.schedulable_gpus([pool])})"
+        return f"(floor({gpus} * {num(pool.reserve_ratio)}) or vector(0))"
 
     def pending_gpus(self, pods: str) -> str:
         """GPUs requested by unbound Pending pods selected by ``pods`` (a 1-per-pod vector)."""
@@ -240,6 +239,9 @@ class _Builder:
         """GPUs flex may still grow into on ``pool``: its unallocated GPUs, at most the spare
         beyond every reserve (less flex pods already waiting), never below zero."""
         free = f"sum by (pool) ({self.unallocated_by_node([pool])})"
+        own = self.own_reserve(pool)
+        if own is not None:  # the pool's own reserve stays free in the pool itself
+            free = f"({free} - on () group_left () {own})"
         room = f"({self.spare()} - {self.flex_pending()})"
         # group_left keeps ``pool``: a one-to-one match on () would drop every label.
         fits = f"({free} <= on () group_left () {room})"
@@ -318,6 +320,10 @@ class _Builder:
         room = f"((sum(floor({self.unallocated_by_node([pool])} / {g})) * {g}) or vector(0))"
         spare_for_flex = f"({spare} - {self.flex_pending()})"
         fit = f"(({room} <= on () {spare_for_flex}) or on () {spare_for_flex})"
+        own = self.own_reserve(pool)
+        if own is not None:  # never into the GPUs the flex pool keeps for production
+            kept = f"((sum({self.unallocated_by_node([pool])}) or vector(0)) - {own})"
+            fit = f"(({fit} <= on () {kept}) or on () {kept})"
         change = (
             f"(-(({shortfall} >= on () {step}) or on () {step}) and on () ({spare} < 0))"
             f" or (-{step} and on () ({prod} > {num(elastic.shed_while_production_above)}))"

@@ -86,14 +86,17 @@ def _names(pools: list[NodePool]) -> set[str]:
     return {p.name for p in pools}
 
 
+def own_reserve(pool: NodePool, view: ExporterView) -> int:
+    """``_Builder.own_reserve``: floor(schedulable GPUs x reserve_ratio) of one pool."""
+    nodes = view.schedulable({pool.name})
+    if pool.reserve_ratio <= 0 or not nodes:
+        return 0
+    return math.floor(sum(n.allocatable for n in nodes) * pool.reserve_ratio)
+
+
 def reserve(policy: PoolPolicy, view: ExporterView) -> int:
-    """``_Builder.reserve``: floor(schedulable GPUs x reserve_ratio), summed over pools."""
-    total = 0
-    for pool in policy.node_pools:
-        nodes = view.schedulable({pool.name})
-        if pool.reserve_ratio > 0 and nodes:
-            total += math.floor(sum(n.allocatable for n in nodes) * pool.reserve_ratio)
-    return total
+    """``_Builder.reserve``: every pool's own reserve, summed."""
+    return sum(own_reserve(pool, view) for pool in policy.node_pools)
 
 
 def _pending(view: ExporterView, *, production: bool | None, namespace: str | None) -> int:
@@ -126,7 +129,8 @@ def headroom(policy: PoolPolicy, pool: NodePool, view: ExporterView) -> float | 
     room = spare(policy, view)
     if not free or room is None:
         return None
-    return float(max(min(sum(free.values()), room - _flex_pending(policy, view)), 0))
+    kept = sum(free.values()) - own_reserve(pool, view)
+    return float(max(min(kept, room - _flex_pending(policy, view)), 0))
 
 
 def production_utilization(policy: PoolPolicy, view: ExporterView) -> float | None:
@@ -179,7 +183,9 @@ def budget(policy: PoolPolicy, workload: FlexWorkload, view: ExporterView) -> fl
     elif prod is not None and prod < elastic.grow_while_production_below:
         free = view.unallocated({workload.pool})
         placeable = sum(f // g for f in free.values()) * g
-        fit = min(placeable, room_all - _flex_pending(policy, view))
+        pool = policy.pool_of(workload)
+        kept = sum(free.values()) - own_reserve(pool, view)
+        fit = min(placeable, room_all - _flex_pending(policy, view), kept)
         change = max(math.floor(fit / (sharing * g)) * g, 0)
     else:
         change = 0

@@ -324,6 +324,18 @@ def test_the_reserve_of_every_pool_is_kept_unallocated(
 
 
 @pytest.mark.slow
+def test_a_flex_pools_reserve_stays_free_in_that_pool(
+    backfilled: Server, test_policy: PoolPolicy
+) -> None:
+    """gpu-flex reserving 0.5 keeps 1 of its 2 GPUs free although gpu-prod's free GPU would
+    cover the sum of reserves: at "grow" the spare is 1 but flex may not grow (budget 1)."""
+    reserved = _variant(test_policy, node_pools__1__reserve_ratio=0.5)
+    assert values(backfilled, reserved.query(c.SPARE_GPUS), GROW) == {"": 1}
+    assert values(backfilled, reserved.query(c.FLEX_HEADROOM_GPUS), GROW) == {"pool=gpu-flex": 0}
+    assert values(backfilled, reserved.query(c.FLEX_GPU_BUDGET), GROW) == {"workload=llm": 1}
+
+
+@pytest.mark.slow
 def test_unattributed_production_gpus_never_grow_flex(
     backfilled: Server, test_policy: PoolPolicy
 ) -> None:
