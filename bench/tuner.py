@@ -32,7 +32,7 @@ from policy import load_policy
 from runtime.metrics import catalogue
 from runtime.metrics.evictions import PRECEDENCE
 from runtime.tuner.cycle import CycleReport, Target, run_cycle
-from runtime.tuner.manifests import manifest_diff
+from runtime.tuner.manifests import PolicyChange, manifest_diff
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
@@ -198,12 +198,7 @@ def main() -> None:
             ).stdout.strip()
             rendering = median_s(
                 lambda: manifest_diff(
-                    repo,
-                    base_commit=head,
-                    policy_path="policy/pool.yaml",
-                    policy=policy,
-                    base_text=base_text,
-                    new_text=new_text,
+                    PolicyChange(repo, head, "policy/pool.yaml", policy, base_text, new_text),
                     target="labels",
                 ),
                 max(3, args.repeats // 4),

@@ -17,7 +17,7 @@ from infra.builders.nodepools import Target as NodePoolTarget
 from policy import PoolPolicy, parse_policy
 from runtime.tuner import compaction, forge, gitrepo, prtext, signals
 from runtime.tuner.decisions import CycleDecision, NoOp, apply_changes, decide
-from runtime.tuner.manifests import manifest_diff, whatif_comparison
+from runtime.tuner.manifests import PolicyChange, manifest_diff, whatif_comparison
 from runtime.tuner.prometheus import fetch_snapshot
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
@@ -168,30 +168,17 @@ def run_cycle(
         if after != apply_changes(policy, proposal.changes):
             raise RuntimeError(f"{target.policy_path}: the edited file differs from the decision")
         branch = prtext.branch_name(proposal, base_text=base_text, new_text=new_text)
+        change = PolicyChange(
+            target.repo, base_commit, target.policy_path, policy, base_text, new_text
+        )
         body = prtext.pr_body(
             proposal,
             windows=snapshot.windows,
             at=at,
             window=settings.window,
             policy_path=target.policy_path,
-            manifest_diff=manifest_diff(
-                target.repo,
-                base_commit=base_commit,
-                policy_path=target.policy_path,
-                policy=policy,
-                base_text=base_text,
-                new_text=new_text,
-                target=target.render_target,
-            ),
-            whatif=whatif_comparison(
-                target.repo,
-                base_commit=base_commit,
-                policy_path=target.policy_path,
-                policy=policy,
-                base_text=base_text,
-                new_text=new_text,
-                hours=settings.whatif_hours,
-            )
+            manifest_diff=manifest_diff(change, target=target.render_target),
+            whatif=whatif_comparison(change, hours=settings.whatif_hours)
             if settings.whatif_hours > 0
             else None,
         )

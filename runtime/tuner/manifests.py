@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 from infra.builders.nodepools import Target as NodePoolTarget
@@ -36,21 +36,26 @@ REPLAY_ERRORS = (
 """What a replay can refuse with; the PR body then says why instead of a what-if."""
 
 
+@dataclass(frozen=True)
+class PolicyChange:
+    """A proposal's edit of the policy file, as committed at its base."""
+
+    repo: Path
+    base_commit: str
+    policy_path: str
+    policy: PoolPolicy
+    """The policy at ``base_commit`` (its workloads name the model configs to read)."""
+    base_text: str
+    new_text: str
+
+
 @contextmanager
-def _committed_pair(
-    repo: Path,
-    *,
-    base_commit: str,
-    policy_path: str,
-    policy: PoolPolicy,
-    base_text: str,
-    new_text: str,
-) -> Iterator[tuple[Path, Path]]:
+def _committed_pair(change: PolicyChange) -> Iterator[tuple[Path, Path]]:
     """The policy before and after the change as files beside its committed model configs."""
-    folder = PurePosixPath(policy_path).parent
+    folder = PurePosixPath(change.policy_path).parent
     with tempfile.TemporaryDirectory(prefix="gpupool-tune-render-") as scratch:
         root = Path(scratch)
-        for hf_config in sorted({w.hf_config for w in policy.workloads}):
+        for hf_config in sorted({w.hf_config for w in change.policy.workloads}):
             if ".." in PurePosixPath(hf_config).parts or PurePosixPath(hf_config).is_absolute():
                 raise ValueError(
                     f"hf_config {hf_config!r} leaves the policy's directory; the tuner renders "
@@ -58,62 +63,32 @@ def _committed_pair(
                 )
             model = root / hf_config
             model.parent.mkdir(parents=True, exist_ok=True)
-            model.write_text(gitrepo.read_at(repo, base_commit, str(folder / hf_config)))
+            model.write_text(
+                gitrepo.read_at(change.repo, change.base_commit, str(folder / hf_config))
+            )
         files = (root / "before.yaml", root / "after.yaml")
-        for file, text in zip(files, (base_text, new_text), strict=True):
+        for file, text in zip(files, (change.base_text, change.new_text), strict=True):
             file.write_text(text, encoding="utf-8")
         yield files
 
 
-def manifest_diff(
-    repo: Path,
-    *,
-    base_commit: str,
-    policy_path: str,
-    policy: PoolPolicy,
-    base_text: str,
-    new_text: str,
-    target: NodePoolTarget,
-) -> str:
+def manifest_diff(change: PolicyChange, *, target: NodePoolTarget) -> str:
     """Object-level diff of the two renders; empty when no manifest changes.
 
     Raises ``PolicyError`` when either policy cannot render: such a proposal is not made.
     """
-    with _committed_pair(
-        repo,
-        base_commit=base_commit,
-        policy_path=policy_path,
-        policy=policy,
-        base_text=base_text,
-        new_text=new_text,
-    ) as (before, after):
+    with _committed_pair(change) as (before, after):
         return diff_documents(
             render_policy_file(before, target=target), render_policy_file(after, target=target)
         )
 
 
-def whatif_comparison(
-    repo: Path,
-    *,
-    base_commit: str,
-    policy_path: str,
-    policy: PoolPolicy,
-    base_text: str,
-    new_text: str,
-    hours: float,
-) -> str:
+def whatif_comparison(change: PolicyChange, *, hours: float) -> str:
     """Markdown of both policies replayed on the bundled traces for ``hours`` (the demo's
     layout: a cluster sized to the production trace), or one line saying why not."""
     options = replace(DEMO, hours=hours)
     try:
-        with _committed_pair(
-            repo,
-            base_commit=base_commit,
-            policy_path=policy_path,
-            policy=policy,
-            base_text=base_text,
-            new_text=new_text,
-        ) as files:
+        with _committed_pair(change) as files:
             results = []
             for file in files:
                 loaded = load_policy(file)
@@ -121,5 +96,8 @@ def whatif_comparison(
     except REPLAY_ERRORS as exc:
         return f"_The what-if replay could not run: {exc}_"
     return markdown.comparison(
-        results[0], results[1], base_ref=f"{policy_path}@{base_commit[:12]}", head_ref="proposed"
+        results[0],
+        results[1],
+        base_ref=f"{change.policy_path}@{change.base_commit[:12]}",
+        head_ref="proposed",
     )

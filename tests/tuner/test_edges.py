@@ -15,7 +15,7 @@ from runtime.cli.app import app
 from runtime.tuner.decisions import Change
 from runtime.tuner.forge import build_pull_request
 from runtime.tuner.gitrepo import branch_of, commit_on_new_branch, git, push, resolve
-from runtime.tuner.manifests import manifest_diff
+from runtime.tuner.manifests import PolicyChange, manifest_diff
 from runtime.tuner.settings import TunerSettings, load_settings
 from runtime.tuner.webhook import Triggers, notification_key
 from runtime.tuner.yamledit import YamlEditError, edit_scalars
@@ -171,15 +171,15 @@ def test_manifest_diff_renders_with_the_model_configs_committed_at_the_base(
     )
     for model in (policy_repo / "policy" / "models").iterdir():
         model.write_text("not json")  # the work tree is never read
-    diff = manifest_diff(
+    change = PolicyChange(
         policy_repo,
-        base_commit=resolve(policy_repo, "HEAD"),
-        policy_path="policy/pool.yaml",
-        policy=load_policy(DEFAULT_POLICY),
-        base_text=base_text,
-        new_text=new_text,
-        target="labels",
+        resolve(policy_repo, "HEAD"),
+        "policy/pool.yaml",
+        load_policy(DEFAULT_POLICY),
+        base_text,
+        new_text,
     )
+    diff = manifest_diff(change, target="labels")
     assert diff == expected
     assert "maxReplicas" in diff
 
