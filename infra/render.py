@@ -84,3 +84,9 @@ def adapter_documents(policy: PoolPolicy) -> dict[str, str]:
         f"{ADAPTER_DIR}/values.yaml": head + to_yaml(helm_values(policy), sort_keys=False),
         f"{ADAPTER_DIR}/rules.yaml": head + to_yaml(adapter_fragment(policy), sort_keys=False),
     }
+
+
+def fragment_documents(policy: PoolPolicy) -> dict[str, str]:
+    """The files written beside the objects that are not cluster objects: the production
+    Component and the prometheus-adapter fragment."""
+    return production_documents(policy) | adapter_documents(policy)

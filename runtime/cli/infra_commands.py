@@ -11,14 +11,15 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from infra.builders.nodepools import Target
+from infra.builders.workload import HpaTolerance
 from infra.bundle import build_bundle
 from infra.diff import diff_documents
 from infra.inputs import load_inputs
 from infra.output import write_documents
 from infra.pipeline import render_policy_file
-from infra.render import adapter_documents, production_documents, render_documents
+from infra.render import fragment_documents, render_documents
 from infra.summary import summarize
-from policy import DEFAULT_POLICY, load_policy
+from policy import DEFAULT_POLICY
 from runtime.cli.errors import reported_errors
 from runtime.cli.whatif_commands import replay_demo
 
@@ -31,31 +32,25 @@ TargetOption = Annotated[
     Target,
     typer.Option("--target", "-t", help="Node-pool target: labels (existing nodes) or karpenter."),
 ]
+ToleranceOption = Annotated[
+    HpaTolerance,
+    typer.Option(
+        "--hpa-tolerance",
+        help="Flex HPA tolerance: cluster (controller flag) or behavior (per-HPA 0, k8s >= 1.33).",
+    ),
+]
 OutOption = Annotated[Path, typer.Option("--out", "-o", help="Directory to write the YAML into.")]
-
-
-def rendered(file: Path, target: Target) -> dict[str, str]:
-    """Load, validate and render one policy file (relative file name -> YAML)."""
-    inputs = load_inputs(file)
-    objects = build_bundle(inputs.policy, target=target, vllm_args=inputs.vllm_args)
-    return (
-        render_documents(objects)
-        | production_documents(inputs.policy)
-        | adapter_documents(inputs.policy)
-    )
 
 
 def render(
     file: PolicyFile = DEFAULT_POLICY,
     out: OutOption = Path("build"),
     target: TargetOption = "labels",
+    hpa_tolerance: ToleranceOption = "cluster",
 ) -> None:
     """Write every object as YAML, one file each, byte-identical for the same policy."""
     with reported_errors():
-        documents = render_policy_file(file, target=target)
-        # The production Component and the adapter fragment are files beside the objects.
-        policy = load_policy(file)
-        documents |= production_documents(policy) | adapter_documents(policy)
+        documents = render_policy_file(file, target=target, hpa_tolerance=hpa_tolerance)
         result = write_documents(out, documents)
     console.print(
         f"{out}: {len(documents)} files ({len(result.written)} written, "
@@ -68,6 +63,7 @@ def diff(
     old: Annotated[Path, typer.Argument(help="Policy before the change.")],
     new: Annotated[Path, typer.Argument(help="Policy after the change.")],
     target: TargetOption = "labels",
+    hpa_tolerance: ToleranceOption = "cluster",
     exit_code: Annotated[
         bool, typer.Option("--exit-code", help="Exit 1 when the renders differ (like git diff).")
     ] = False,
@@ -75,7 +71,8 @@ def diff(
     """Render both policies and print the object-level difference (exit 0 unless --exit-code)."""
     with reported_errors():
         text = diff_documents(
-            render_policy_file(old, target=target), render_policy_file(new, target=target)
+            render_policy_file(old, target=target, hpa_tolerance=hpa_tolerance),
+            render_policy_file(new, target=target, hpa_tolerance=hpa_tolerance),
         )
     typer.echo(text or "no differences", nl=not text)
     if text and exit_code:
@@ -97,8 +94,7 @@ def demo(
         inputs = load_inputs(DEFAULT_POLICY)
         objects = build_bundle(inputs.policy, target=target, vllm_args=inputs.vllm_args)
         folder = out or Path(tempfile.mkdtemp(prefix="gpupool-demo-"))
-        extra = production_documents(inputs.policy) | adapter_documents(inputs.policy)
-        write_documents(folder, render_documents(objects) | extra)
+        write_documents(folder, render_documents(objects) | fragment_documents(inputs.policy))
     for table in summarize(inputs.policy, objects):
         rich_table = RichTable(*table.columns, title=table.title, title_justify="left")
         for row in table.rows:

@@ -159,3 +159,19 @@ def test_missing_model_config_points_at_the_workload(tmp_path: Path) -> None:
     assert line.startswith(f"{source}:{workload_line}: workloads.0: ")
     assert "absent.json" in line and "not found" in line
     assert not (tmp_path / "build").exists()
+
+
+def test_render_and_diff_take_the_hpa_tolerance_stack_option(tmp_path: Path) -> None:
+    """``--hpa-tolerance behavior`` renders per-HPA tolerance 0; ``diff`` shows exactly that."""
+    hpa = "gpupool-flex/horizontalpodautoscaler-llama-8b-flex.yaml"
+    for option, expected in (("cluster", False), ("behavior", True)):
+        out = tmp_path / option
+        result = runner.invoke(app, ["render", "--out", str(out), "--hpa-tolerance", option])
+        assert result.exit_code == 0, result.output
+        assert ("tolerance: '0'" in (out / hpa).read_text()) is expected
+    same = runner.invoke(
+        app, ["diff", str(DEFAULT_POLICY), str(DEFAULT_POLICY), "--hpa-tolerance", "behavior"]
+    )
+    assert same.exit_code == 0 and "no differences" in same.output
+    refused = runner.invoke(app, ["render", "--out", str(tmp_path / "x"), "--hpa-tolerance", "0"])
+    assert refused.exit_code != 0
