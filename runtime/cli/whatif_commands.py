@@ -68,6 +68,8 @@ def print_summary(result: Result, title: str) -> None:
     console.print(markdown.headline(result).replace("**", ""), markup=False)
     for line in markdown.check_lines(result.pooled):
         console.print(line, markup=False)
+    for line in markdown.goal_lines(result):
+        console.print(line, markup=False)
 
 
 def write_outputs(
@@ -130,10 +132,17 @@ def whatif(
         bool, typer.Option(help="Scale a production trace larger than the cluster to fit it.")
     ] = False,
     production_rule: Annotated[
-        str, typer.Option(help="duty: replicas follow busy GPU-equivalents; held: trace's GPUs.")
-    ] = "duty",
+        str,
+        typer.Option(
+            help="policy: the policy's production workloads (duty without them); "
+            "duty: one-GPU replicas follow busy GPU-equivalents; held: the trace's GPUs."
+        ),
+    ] = "policy",
     prod_target_utilization: Annotated[
-        float, typer.Option(min=0.05, max=1.0, help="Duty rule: target duty per replica.")
+        float,
+        typer.Option(
+            min=0.05, max=1.0, help="Duty rule and scale_on: external: target duty per replica."
+        ),
     ] = 0.6,
     startup_s: Annotated[
         float, typer.Option(min=0, help="Pod start-up: image pull + model load, seconds.")
@@ -162,7 +171,7 @@ def whatif(
             seed,
             _choice("--layout", layout, ("policy", "trace")),  # type: ignore[arg-type]
             fit_production,
-            _choice("--production-rule", production_rule, ("duty", "held")),  # type: ignore[arg-type]
+            _choice("--production-rule", production_rule, ("policy", "duty", "held")),  # type: ignore[arg-type]
             prod_target_utilization,
             startup_s,
             _choice("--target", target, ("labels", "karpenter")),  # type: ignore[arg-type]

@@ -3,8 +3,9 @@
 Every ``step_s`` (the HPA's default 15 s sync period) the replay
 
 1. finishes pod start-ups and graceful terminations that are due, lets Karpenter act;
-2. sets production's replicas from the trace (``ProductionRule``) and each flex Deployment's
-   replicas from its HPA, creating and deleting pods the way the ReplicaSet controller does;
+2. sets production's replicas (``runtime.sim.production``: the policy's production
+   workloads and their HPAs, or a rule on the trace) and each flex Deployment's replicas
+   from its HPA, creating and deleting pods the way the ReplicaSet controller does;
 3. schedules pending pods (``runtime.sim.cluster``: priority order, preemption, grace);
 4. serves production demand and each flex fleet's requests (``runtime.sim.serving``);
 5. every ``metrics.evaluation_interval`` writes what dcgm-exporter and kube-state-metrics
@@ -41,31 +42,10 @@ from runtime.sim.budget import (
     spare,
 )
 from runtime.sim.cluster import Cluster, Eviction, Node, Phase, Pod
-from runtime.sim.hpa import HpaSpec, HpaState, reconcile
+from runtime.sim.hpa import HpaSpec, HpaState, PodSample, reconcile
+from runtime.sim.production import ProductionGroup, ProductionRule, production_groups
 from runtime.sim.serving import Fleet, Requests, StepLatencies, StepResult
 from runtime.sim.traces import ProductionTrace
-
-PRODUCTION = "production"
-"""Owner name of the production pods."""
-
-
-@dataclass(frozen=True)
-class ProductionRule:
-    """How many production replicas the trace asks for (until production workloads exist
-    in the policy): ``duty`` = ceil(busy GPU-equivalents / target utilization), at least 1,
-    which assumes production replicas are interchangeable; ``held`` = the GPUs the trace's
-    instances hold (no consolidation: flex then gets only what production never holds)."""
-
-    mode: Literal["duty", "held"] = "duty"
-    target_utilization: float = 0.6
-    startup_s: float = 300.0
-    """Image pull + model load of a new production replica."""
-
-    def replicas(self, trace: ProductionTrace) -> NDArray[np.int64]:
-        if self.mode == "held":
-            return trace.held.astype(np.int64)
-        need = np.ceil(trace.busy / self.target_utilization - 1e-9)
-        return np.asarray(np.maximum(need, 1), dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -76,7 +56,7 @@ class Settings:
     step_s: float = 15.0
     flex_startup_s: float = 300.0
     """Image pull + model load of a flex vLLM replica (``--startup-s``)."""
-    production: ProductionRule = ProductionRule()
+    production: ProductionRule = field(default_factory=ProductionRule)
     target: Literal["labels", "karpenter"] = "labels"
     karpenter_delay_s: float = 180.0
     """Karpenter: from a pending pod to a ready GPU node."""
@@ -362,13 +342,21 @@ class _PooledLoop:
         self.pod_states: dict[int, tuple[tuple[object, ...], PodState]] = {}
         self.production_needs = False
         self.flex_util = dict.fromkeys(self.workloads, 0.0)
+        self.groups = production_groups(policy, settings.production)
         self.need = settings.production.replicas(trace)
+        self.prod_spec = {
+            g.owner: int(g.estimate(trace, settings.production)[0]) for g in self.groups
+        }
+        self.prod_hpa_state = {g.owner: HpaState() for g in self.groups}
+        self.prod_util = {g.owner: 0.0 for g in self.groups}
+        self.identity = {g.owner: (g.namespace, g.pod_prefix) for g in self.groups} | {
+            name: (policy.cluster.flex_namespace, name) for name in self.workloads
+        }
         self.eval_every = max(
             1,
             round(duration_seconds(policy.metrics.evaluation_interval) / settings.step_s),
         )
         self.prod_pools = (policy.prod_pool.name, *(p.name for p in policy.flex_pools))
-        self.flex_ns = policy.cluster.flex_namespace
         self.series = Series()
         for pool in layout.nodes:
             self.series.util_by_pool[pool] = []
@@ -376,27 +364,17 @@ class _PooledLoop:
 
     def step(self, step: int) -> None:
         now = step * self.settings.step_s
-        c, prio = self.cluster, self.policy.priorities
+        c = self.cluster
         c.advance(now)
         _held, busy = self.trace.at(now)
-        want = int(self.need[min(int(now // self.trace.step_s), self.need.size - 1)])
+        index = min(int(now // self.trace.step_s), self.need.size - 1)
         # The first step is the cluster as the trace finds it: production already running.
         startup = 0.0 if step == 0 else self.settings.production.startup_s
-        self._replicas(
-            PRODUCTION,
-            want,
-            now,
-            lambda: c.create(
-                owner=PRODUCTION,
-                production=True,
-                gpus=1,
-                priority=prio.production.value,
-                may_preempt=prio.production.preemption_policy == "PreemptLowerPriority",
-                pools=self.prod_pools,
-                now=now,
-                startup_s=startup,
-            ),
-        )
+        want = 0
+        for g in self.groups:
+            replicas = self._production_replicas(g, step, now, index)
+            want += replicas * g.gpus_per_replica
+            self._replicas(g.owner, replicas, now, self._production_pod(g, now, startup))
         running = {name: self._running(name) for name in self.workloads}
         for name, w in self.workloads.items():
             self._replicas(name, self.spec[name], now, self._flex_pod(w, now))
@@ -405,20 +383,22 @@ class _PooledLoop:
             lost = running[name] - self._running(name)
             if lost > 0:
                 self.fleets[name].lose_replicas(lost, running[name], now)
-        prod_running = sum(1 for p in c.owned(PRODUCTION) if p.phase is Phase.RUNNING)
-        served = min(float(busy), float(prod_running))
-        prod_util = served / prod_running if prod_running else 0.0
+        served = 0.0
+        for g in self.groups:
+            gpus = self._running(g.owner) * g.gpus_per_replica
+            share = min(float(busy) * g.share, float(gpus))
+            self.prod_util[g.owner] = share / gpus if gpus else 0.0
+            served += share
         tokens = 0
         for name, fleet in self.fleets.items():
             result = fleet.serve(now, self.settings.step_s, self._running(name))
             self.flex_util[name] = result.busy
             _add(self.totals[name], result)
             tokens += result.output_tokens
-        duty = _pool_duty(c, prod_util, self.flex_util)
+        util = self.prod_util | self.flex_util
+        duty = _pool_duty(c, util)
         if step % self.eval_every == 0:
-            view = _exporter_view(
-                c, now, prod_util, self.flex_util, self.spec, self.flex_ns, self.pod_states
-            )
+            view = _exporter_view(c, now, util, self.spec, self.identity, self.pod_states)
             if self.observe is not None:
                 self.observe(now, view)
             room, load = spare(self.policy, view), production_utilization(self.policy, view)
@@ -447,6 +427,46 @@ class _PooledLoop:
         self.series.prod_busy.append(float(busy))
         self.series.prod_wait_max_s.append(max(waiting, default=0.0))
         self._record(now, want, len(waiting), served, duty, evictions, tokens, self_shed, over)
+
+    def _production_replicas(self, g: ProductionGroup, step: int, now: float, index: int) -> int:
+        """The group's ``spec.replicas`` this step: the rule's, the fixed count, or its HPA's
+        answer on the duty its pods reported last step."""
+        if g.scaling == "trace":
+            return int(self.need[index])
+        if g.hpa is not None and step > 0:
+            self.prod_spec[g.owner] = reconcile(
+                g.hpa,
+                self.prod_hpa_state[g.owner],
+                now_s=now,
+                current_replicas=self.prod_spec[g.owner],
+                metric=None,
+                pods=self._pod_samples(g.owner),
+            )
+        return self.prod_spec[g.owner]
+
+    def _pod_samples(self, owner: str) -> list[PodSample]:
+        """What the Pods metric reports per pod: running pods their duty, bound ones that
+        still load 0, Pending ones nothing (terminating pods are not counted)."""
+        samples: list[PodSample] = []
+        for pod in self.cluster.owned(owner):
+            if pod.phase is Phase.PENDING:
+                samples.append(None)
+            else:
+                samples.append(self.prod_util[owner] if pod.phase is Phase.RUNNING else 0.0)
+        return samples
+
+    def _production_pod(self, g: ProductionGroup, now: float, startup: float) -> Callable[[], Pod]:
+        prio = self.policy.priorities.production
+        return lambda: self.cluster.create(
+            owner=g.owner,
+            production=True,
+            gpus=g.gpus_per_replica,
+            priority=prio.value,
+            may_preempt=prio.preemption_policy == "PreemptLowerPriority",
+            pools=self.prod_pools,
+            now=now,
+            startup_s=startup,
+        )
 
     def _flex_pod(self, w: FlexWorkload, now: float) -> Callable[[], Pod]:
         prio = self.policy.priorities.idle_inference
@@ -537,62 +557,62 @@ class _PooledLoop:
         return self.totals
 
 
-def _pool_duty(cluster: Cluster, prod_util: float, flex_util: dict[str, float]) -> dict[str, float]:
+def _pool_duty(cluster: Cluster, util: dict[str, float]) -> dict[str, float]:
     """Mean ``DCGM_FI_DEV_GPU_UTIL`` (0-1) of each pool's GPUs: running pods report their
-    duty cycle, starting and terminating ones 0 (loading or draining), unallocated GPUs 0."""
+    owner's duty cycle, starting and terminating ones 0 (loading or draining), unallocated
+    GPUs 0."""
     out: dict[str, float] = {}
     for pool, nodes in cluster.nodes.items():
         busy = 0.0
         for node in nodes:
             for pod in node.pods:
                 if pod.phase is Phase.RUNNING:
-                    busy += pod.gpus * (prod_util if pod.production else flex_util[pod.owner])
+                    busy += pod.gpus * util[pod.owner]
         size = cluster.pool_gpus(pool)
         out[pool] = busy / size if size else 0.0
     return out
 
 
-PRODUCTION_NAMESPACE = "production"
-
-
 def _exporter_view(
     cluster: Cluster,
     now: float,
-    prod_util: float,
-    flex_util: dict[str, float],
+    util: dict[str, float],
     spec: dict[str, int],
-    flex_namespace: str,
+    identity: dict[str, tuple[str, str]],
     seen: dict[int, tuple[tuple[object, ...], PodState]],
 ) -> ExporterView:
     """What kube-state-metrics and dcgm-exporter would report: nodes (a node still being
     provisioned is NotReady), every live pod with its node, phase and deletion mark, and
-    the duty cycle of the GPUs bound pods hold (starting pods report 0). ``seen`` keeps each
-    pod's last state, reused while nothing it reports has changed."""
+    the duty cycle of the GPUs bound pods hold (starting pods report 0). ``identity`` gives
+    each owner's namespace and pod-name prefix; ``seen`` keeps each pod's last state,
+    reused while nothing it reports has changed."""
     nodes = tuple(
         NodeState(node.name, pool, node.gpus, schedulable=node.ready_at <= now)
         for pool, members in cluster.nodes.items()
         for node in members
     )
-    pct = {owner: round(u * 100, 6) for owner, u in flex_util.items()}
-    pct[PRODUCTION] = round(prod_util * 100, 6)
+    pct = {owner: round(u * 100, 6) for owner, u in util.items()}
     pods = []
     live: dict[int, tuple[tuple[object, ...], PodState]] = {}
     for pod in cluster.pods:
         if pod.phase is Phase.GONE:
             continue
-        util = None if pod.node is None else pct[pod.owner] if pod.phase is Phase.RUNNING else 0.0
-        key = (pod.phase, pod.node, util)
+        reported = (
+            None if pod.node is None else pct[pod.owner] if pod.phase is Phase.RUNNING else 0.0
+        )
+        key = (pod.phase, pod.node, reported)
         known = seen.get(pod.uid)
         if known is None or known[0] != key:
+            namespace, prefix = identity[pod.owner]
             state = PodState(
-                PRODUCTION_NAMESPACE if pod.production else flex_namespace,
-                f"{pod.owner}-sim-{pod.uid:05d}",
+                namespace,
+                f"{prefix}-sim-{pod.uid:05d}",
                 pod.gpus,
                 "Pending" if pod.phase is Phase.PENDING else "Running",
                 node=None if pod.node is None else pod.node.name,
                 production=pod.production,
                 terminating=pod.phase is Phase.TERMINATING,
-                util_pct=util,
+                util_pct=reported,
             )
             known = (key, state)
         live[pod.uid] = known

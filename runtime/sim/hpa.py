@@ -2,8 +2,10 @@
 
 A pure-Python port of what ``kube-controller-manager`` does on one sync of one
 ``autoscaling/v2`` HorizontalPodAutoscaler with ``behavior`` set, for the one metric shape
-gpupool renders (``infra.builders.workload.autoscaler``): a single External metric,
-``gpupool_flex_gpu_budget``, with an ``AverageValue`` target of ``gpus_per_replica``. The
+gpupool renders: the flex HPA's single External metric (``infra.builders.workload.autoscaler``:
+``gpupool_flex_gpu_budget``, ``AverageValue`` target ``gpus_per_replica``) and a production
+HPA's single Pods metric (``infra.builders.production.autoscaler``: the pods' mean GPU duty
+cycle, ``AverageValue`` target ``target_gpu_utilization``). The
 upstream sources are ``pkg/controller/podautoscaler/horizontal.go`` and
 ``replica_calculator.go``; every function here names the Go function it ports, and keeps
 its arithmetic (milli-value integers, float64 ratios, truncating or rounding-up int32
@@ -19,7 +21,8 @@ One sync (``reconcile``, after ``reconcileAutoscaler``):
    ``[minReplicas, maxReplicas]`` go straight to the bound (no metric, no stabilization).
 3. Otherwise ``GetExternalPerPodMetricReplicas``: ``usageRatio = usage / (target *
    status.replicas)``; inside the tolerance the answer is ``status.replicas``, else
-   ``ceil(usage / target)``. A missing metric fails the sync: nothing changes.
+   ``ceil(usage / target)``. A missing metric fails the sync: nothing changes. For a Pods
+   metric, ``calcPlainMetricReplicas`` on the pods' values (``pods_metric_replicas``).
 4. ``stabilizeRecommendationWithBehaviors``: the current replicas are pulled up to the lowest
    recommendation of the scale-up window and down to the highest of the scale-down window
    (both include this sync's); the raw recommendation is recorded.
@@ -69,7 +72,15 @@ MAX_INT32: Final = 2**31 - 1
 MIN_INT32: Final = -(2**31)
 
 EXTERNAL_METRIC: Final = "External"
+PODS_METRIC: Final = "Pods"
 AVERAGE_VALUE: Final = "AverageValue"
+
+MetricType = Literal["External", "Pods"]
+"""The metric shapes the port models (see the module docstring)."""
+
+PodSample = float | None
+"""One pod of a Pods-metric HPA's target: its metric value, or ``None`` for a Pending pod
+(``groupPods``' unready pods). Deleted and Failed pods (ignored upstream) are left out."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,7 @@ class HpaSpec:
     min_replicas: int
     max_replicas: int
     target_average_value: float
+    metric_type: MetricType = EXTERNAL_METRIC
     tolerance: float = DEFAULT_TOLERANCE
     scale_up_tolerance: float | None = None
     scale_down_tolerance: float | None = None
@@ -137,6 +149,8 @@ class HpaSpec:
                 f"max_replicas: must be >= 1 and >= min_replicas ({self.min_replicas}), "
                 f"got {self.max_replicas}"
             )
+        if self.metric_type not in (EXTERNAL_METRIC, PODS_METRIC):
+            raise ValueError(f"metric_type: must be External or Pods, got {self.metric_type!r}")
         if not (math.isfinite(self.target_average_value) and self.target_average_value > 0):
             raise ValueError(
                 f"target_average_value: must be a positive number, got {self.target_average_value}"
@@ -173,7 +187,8 @@ class HpaSpec:
     ) -> HpaSpec:
         """Parse an ``autoscaling/v2`` HPA as gpupool renders it, with the API's defaults.
 
-        Supported: one ``External`` metric with an ``AverageValue`` target, and a ``behavior``
+        Supported: one ``External`` or ``Pods`` metric with an ``AverageValue`` target, and a
+        ``behavior``
         whose missing parts take the API server's defaults (``SetDefaults_HorizontalPodAutoscaler``,
         ``GenerateHPAScaleUpRules`` / ``GenerateHPAScaleDownRules``: ``minReplicas`` 1, the
         default policies, ``selectPolicy: Max``, scale-up window 0). A scale-down rule without
@@ -193,7 +208,7 @@ class HpaSpec:
         if "maxReplicas" not in spec:
             raise ValueError("spec.maxReplicas: required")
         max_replicas = _int(spec["maxReplicas"], "spec.maxReplicas")
-        target = _external_average_value(spec.get("metrics"))
+        metric_type, target = _average_value(spec.get("metrics"))
         if "behavior" not in spec:
             raise ValueError(
                 "spec.behavior: required (an HPA without behavior takes the controller's legacy "
@@ -218,6 +233,7 @@ class HpaSpec:
                 min_replicas=min_replicas,
                 max_replicas=max_replicas,
                 target_average_value=float(target),
+                metric_type=metric_type,
                 tolerance=tolerance,
                 scale_up_tolerance=up_tolerance,
                 scale_down_tolerance=down_tolerance,
@@ -278,6 +294,7 @@ def reconcile(
     current_replicas: int,
     metric: float | None,
     status_replicas: int | None = None,
+    pods: Sequence[PodSample] | None = None,
 ) -> int:
     """One HPA sync: the new desired replica count (== current when holding).
 
@@ -290,6 +307,8 @@ def reconcile(
     (``external_metric_milli``). ``None`` means the adapter returns no series: the
     controller's metric computation fails and it does not scale (it still moves replicas
     that are outside ``[min_replicas, max_replicas]`` to the bound, which needs no metric).
+    A Pods-metric HPA reads ``pods`` instead (one ``PodSample`` per pod of the target);
+    no pod with a value fails the sync the same way.
     """
     if current_replicas < 0:
         raise ValueError(f"current_replicas: must be >= 0, got {current_replicas}")
@@ -306,15 +325,24 @@ def reconcile(
     elif current_replicas < spec.min_replicas:
         desired = spec.min_replicas
     else:
-        if usage_milli is None:
+        down = _or(spec.scale_down_tolerance, spec.tolerance)
+        up = _or(spec.scale_up_tolerance, spec.tolerance)
+        if spec.metric_type == PODS_METRIC:
+            proposal = pods_metric_replicas(
+                current_replicas,
+                spec.target_milli,
+                [None if v is None else external_metric_milli(v) for v in pods or ()],
+                down=down,
+                up=up,
+            )
+        elif usage_milli is None:
+            proposal = None
+        else:
+            proposal = get_external_per_pod_metric_replicas(
+                status, spec.target_milli, usage_milli, down=down, up=up
+            )
+        if proposal is None:
             return current_replicas  # FailedComputeMetricsReplicas: no scale, nothing recorded
-        proposal = get_external_per_pod_metric_replicas(
-            status,
-            spec.target_milli,
-            usage_milli,
-            down=_or(spec.scale_down_tolerance, spec.tolerance),
-            up=_or(spec.scale_up_tolerance, spec.tolerance),
-        )
         desired = max(0, proposal)
         desired = normalize_desired_replicas_with_behaviors(
             spec, state, now_s=now_s, current_replicas=current_replicas, desired_replicas=desired
@@ -376,6 +404,35 @@ def get_external_per_pod_metric_replicas(
             return status_replicas
     proposal = math.ceil(float(usage_milli) / float(target_milli))
     return min(proposal, MAX_INT32)
+
+
+def pods_metric_replicas(
+    current_replicas: int, target_milli: int, pods: Sequence[int | None], *, down: float, up: float
+) -> int | None:
+    """``ReplicaCalculator.calcPlainMetricReplicas`` (``GetMetricReplicas``) for a Pods metric.
+
+    ``pods`` holds each pod's value in milli-units (``None``: Pending, ``groupPods``' unready;
+    every other pod reports, so nothing is missing). The ratio is the ready pods' mean (Go's
+    integer average) over the target. Inside the tolerance, or with unready pods on a
+    scale-up whose recount (unready pods at 0) falls inside it or flips direction, the answer
+    is ``current_replicas``; else ``ceil(ratio * pods counted)``. ``None``: no pod has a value
+    (the controller's "did not receive metrics"), so the sync fails.
+    """
+    ready = [v for v in pods if v is not None]
+    if not ready:
+        return None
+    unready = len(pods) - len(ready)
+    ratio = float(sum(ready) // len(ready)) / float(target_milli)
+    if not (unready > 0 and ratio > 1.0):
+        if is_within_tolerance(ratio, down=down, up=up):
+            return current_replicas
+        return min(math.ceil(ratio * len(ready)), MAX_INT32)
+    counted = len(pods)
+    new_ratio = float(sum(ready) // counted) / float(target_milli)
+    if is_within_tolerance(new_ratio, down=down, up=up) or new_ratio < 1.0:
+        return current_replicas
+    replicas = min(math.ceil(new_ratio * counted), MAX_INT32)
+    return current_replicas if replicas < current_replicas else replicas
 
 
 def normalize_desired_replicas_with_behaviors(
@@ -655,30 +712,34 @@ def _known_keys(mapping: Mapping[str, Any], known: set[str], field_name: str) ->
         raise ValueError(f"{field_name}.{unknown[0]}: not modelled by this port")
 
 
-def _external_average_value(metrics: object) -> Decimal:
-    """The ``AverageValue`` of the single External metric; ValueError naming the field otherwise."""
+def _average_value(metrics: object) -> tuple[MetricType, Decimal]:
+    """The type and ``AverageValue`` of the single External or Pods metric; ValueError naming
+    the field otherwise."""
     if not isinstance(metrics, Sequence) or isinstance(metrics, str) or len(metrics) != 1:
         count = len(metrics) if isinstance(metrics, Sequence) else 0
         raise ValueError(f"spec.metrics: exactly one metric is modelled, got {count}")
     metric = _mapping(metrics[0], "spec.metrics[0]")
-    if metric.get("type") != EXTERNAL_METRIC:
+    kind = metric.get("type")
+    if kind not in (EXTERNAL_METRIC, PODS_METRIC):
         raise ValueError(
-            f"spec.metrics[0].type: only {EXTERNAL_METRIC} is modelled, got {metric.get('type')!r}"
+            f"spec.metrics[0].type: only {EXTERNAL_METRIC} and {PODS_METRIC} are modelled, "
+            f"got {kind!r}"
         )
-    external = _mapping(metric.get("external"), "spec.metrics[0].external")
-    target = _mapping(external.get("target"), "spec.metrics[0].external.target")
+    key = "external" if kind == EXTERNAL_METRIC else "pods"
+    source = _mapping(metric.get(key), f"spec.metrics[0].{key}")
+    target = _mapping(source.get("target"), f"spec.metrics[0].{key}.target")
     if target.get("type") != AVERAGE_VALUE:
         raise ValueError(
-            f"spec.metrics[0].external.target.type: only {AVERAGE_VALUE} is modelled, "
+            f"spec.metrics[0].{key}.target.type: only {AVERAGE_VALUE} is modelled, "
             f"got {target.get('type')!r}"
         )
-    field_name = "spec.metrics[0].external.target.averageValue"
+    field_name = f"spec.metrics[0].{key}.target.averageValue"
     if "averageValue" not in target:
         raise ValueError(f"{field_name}: required")
     amount = parse_quantity(target["averageValue"], field_name)
     if amount <= 0:
         raise ValueError(f"{field_name}: must be positive, got {target['averageValue']!r}")
-    return amount
+    return cast(MetricType, kind), amount
 
 
 def _rules(

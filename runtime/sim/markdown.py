@@ -90,6 +90,12 @@ def check_lines(summary: Summary) -> list[str]:
     return [f"- {'holds' if ok else 'VIOLATED'}: {name} ({detail})" for name, ok, detail in items]
 
 
+def goal_lines(result: Result) -> list[str]:
+    """The product's goals, each met, MISSED or not applicable in this replay."""
+    verdict = {True: "met", False: "MISSED", None: "n/a"}
+    return [f"- {verdict[g.met]}: {g.name} {g.value} (goal {g.target})" for g in result.goals]
+
+
 def report(result: Result, *, plots: Sequence[str] = ()) -> str:
     """Markdown of one run (``gpupool whatif --policy``)."""
     p, f = result.pooled, result.fixed
@@ -104,6 +110,9 @@ def report(result: Result, *, plots: Sequence[str] = ()) -> str:
         "",
         "Closed-loop checks:",
         *check_lines(p),
+        "",
+        "Product goals:",
+        *goal_lines(result),
         "",
         *(f"![{name}]({name})" for name in plots),
         "",
@@ -181,6 +190,9 @@ def comparison(
         "",
         "Closed-loop checks (head):",
         *check_lines(h),
+        "",
+        "Product goals (head):",
+        *goal_lines(head),
         "",
         _requests(h),
         "",

@@ -9,7 +9,8 @@ from typing import Literal
 
 from infra.builders.workload import HpaTolerance
 from policy import PoolPolicy
-from runtime.sim.engine import ProductionRule, Settings
+from runtime.sim.engine import Settings
+from runtime.sim.production import ProductionRule, RuleMode
 from runtime.sim.traces import (
     FlexTrace,
     ProductionTrace,
@@ -33,7 +34,7 @@ class Options:
     seed: int
     layout: LayoutMode
     fit_production: bool
-    production_rule: Literal["duty", "held"]
+    production_rule: RuleMode
     prod_target_utilization: float
     startup_s: float
     target: Literal["labels", "karpenter"]
@@ -102,7 +103,7 @@ DEMO = Options(
     seed=0,
     layout="trace",
     fit_production=False,
-    production_rule="duty",
+    production_rule="policy",
     prod_target_utilization=0.6,
     startup_s=300.0,
     target="labels",

@@ -33,6 +33,8 @@ def as_json(result: Result) -> dict[str, object]:
     pooled, fixed = result.replays
     return {
         "throughput_ratio": result.throughput_ratio,
+        "production_to_flex": result.production_to_flex,
+        "goals": [asdict(g) for g in result.goals],
         "pooled": asdict(result.pooled),
         "fixed": asdict(result.fixed),
         "layout": asdict(result.layout),

@@ -12,6 +12,11 @@ Definitions (docs/whatif.md repeats them for readers of a report):
   window as the eviction alert counts them (mean and maximum over the replay);
 - KV hit rate: prefix-cache hit tokens per queried prompt token (traces with block hashes);
 - KV work lost: context tokens of in-flight sequences on replicas that went away.
+
+The product's goals (``goals``) are judged on the pooled replay and reported met or missed,
+never hidden: harvest efficiency >= 0.8, 0 production pod-minutes unmet, at most 5 flex
+evictions per minute at any time, and >= 3x useful tokens/s where production holds 3-4x the
+flex pool's GPUs (the setting of the 2-4x claim; elsewhere that goal is not applicable).
 """
 
 from __future__ import annotations
@@ -127,3 +132,52 @@ def summarize(replay: Replay, policy: PoolPolicy) -> Summary:
 
 def _means(series: dict[str, list[float]]) -> dict[str, float]:
     return {pool: float(np.mean(v)) if v else 0.0 for pool, v in series.items()}
+
+
+MIN_HARVEST_EFFICIENCY = 0.8
+MAX_EVICTIONS_PER_MINUTE = 5.0
+MIN_THROUGHPUT_RATIO = 3.0
+THROUGHPUT_SETTING = (3.0, 4.0)
+"""Production-to-flex GPU ratios where the throughput goal applies."""
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One product goal as this replay scored it; ``met`` is None where it does not apply."""
+
+    name: str
+    target: str
+    value: str
+    met: bool | None
+
+
+def goals(pooled: Summary, throughput_ratio: float, production_to_flex: float) -> tuple[Goal, ...]:
+    """The product's goals on a pooled replay (module docstring)."""
+    low, high = THROUGHPUT_SETTING
+    applies = low <= production_to_flex <= high
+    return (
+        Goal(
+            "harvest efficiency",
+            f">= {MIN_HARVEST_EFFICIENCY:g}",
+            f"{pooled.harvest_efficiency:.2f}",
+            pooled.harvest_efficiency >= MIN_HARVEST_EFFICIENCY,
+        ),
+        Goal(
+            "production pod-minutes unmet",
+            "0",
+            f"{pooled.prod_unmet_pod_minutes:.1f}",
+            pooled.prod_unmet_pod_minutes == 0,
+        ),
+        Goal(
+            "flex evictions per minute (max)",
+            f"<= {MAX_EVICTIONS_PER_MINUTE:g}",
+            f"{pooled.evictions_per_minute_max:.2f}",
+            pooled.evictions_per_minute_max <= MAX_EVICTIONS_PER_MINUTE,
+        ),
+        Goal(
+            "useful tokens/s, pooled / fixed",
+            f">= {MIN_THROUGHPUT_RATIO:g}x where production holds {low:g}-{high:g}x flex's GPUs",
+            f"{throughput_ratio:.2f}x (production holds {production_to_flex:.1f}x)",
+            throughput_ratio >= MIN_THROUGHPUT_RATIO if applies else None,
+        ),
+    )

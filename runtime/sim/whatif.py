@@ -25,7 +25,8 @@ from runtime.sim.engine import (
     replay_fixed,
     replay_pooled,
 )
-from runtime.sim.report import Summary, summarize
+from runtime.sim.production import describe, need_gpus, production_groups
+from runtime.sim.report import Goal, Summary, goals, summarize
 from runtime.sim.service_time import ServiceModel, service_model
 from runtime.sim.serving import Requests
 from runtime.sim.traces import FlexTrace, ProductionTrace
@@ -74,6 +75,18 @@ class Result:
         base = self.fixed.useful_tokens_per_s
         return self.pooled.useful_tokens_per_s / base if base else math.inf
 
+    @property
+    def production_to_flex(self) -> float:
+        """GPUs production holds in the fixed topology per GPU left to flex there."""
+        s = self.replays[1].series
+        prod, total = s.prod_gpus[0], s.total_gpus[0]
+        return prod / (total - prod) if total > prod else math.inf
+
+    @property
+    def goals(self) -> tuple[Goal, ...]:
+        """The product's goals (``GOALS``), each with whether this replay met it."""
+        return goals(self.pooled, self.throughput_ratio, self.production_to_flex)
+
 
 def run(
     policy: PoolPolicy, policy_dir: Path, whatif: WhatIf, *, progress: Progress | None = None
@@ -116,9 +129,10 @@ def run(
         policy, layout, production, flex, settings, prod_tokens_per_gpu_s=per_gpu, progress=progress
     )
     fixed = replay_fixed(policy, layout, production, flex, settings, prod_tokens_per_gpu_s=per_gpu)
+    groups = production_groups(policy, settings.production)
     assumptions = (
         *(f"service times of {n}: {m.source}" for n, m in services.items()),
-        f"production replicas: {_rule_text(settings)}; new replicas start in "
+        f"production: {describe(groups, settings.production)}; new replicas start in "
         f"{settings.production.startup_s:g} s",
         f"flex replicas start in {settings.flex_startup_s:g} s (image pull + model load)",
         f"production tokens: busy GPU-equivalents x {per_gpu:,.0f} generated tokens/s "
@@ -202,7 +216,7 @@ def _layout(policy: PoolPolicy, production: ProductionTrace, whatif: WhatIf) -> 
     prod = policy.prod_pool
     flex_pool = policy.flex_pools[0]
     peak_nodes = math.ceil(int(production.held.max()) / prod.gpus_per_node)
-    need = whatif.settings.production.replicas(production)
+    need = _need(policy, production, whatif)
     prod_nodes = max(1, math.ceil(float(np.median(need)) / prod.gpus_per_node))
     nodes = dict(declared.nodes)
     nodes[prod.name] = prod_nodes
@@ -221,7 +235,7 @@ def _fit(
 ) -> ProductionTrace:
     """Refuse a production trace that outgrows the cluster, or scale it when asked to."""
     capacity = layout.total_gpus
-    need = np.maximum(production.held, whatif.settings.production.replicas(production))
+    need = np.maximum(production.held, _need(policy, production, whatif))
     worst = int(np.argmax(need))
     if need[worst] <= capacity:
         return production
@@ -239,11 +253,9 @@ def _fit(
     return replace(production, source=f"{production.source} x{factor:.3f}", held=held, busy=busy)
 
 
-def _rule_text(settings: Settings) -> str:
-    rule = settings.production
-    if rule.mode == "held":
-        return "the GPUs the trace's instances hold"
-    return f"ceil(busy GPU-equivalents / {rule.target_utilization:g}), at least 1"
+def _need(policy: PoolPolicy, production: ProductionTrace, whatif: WhatIf) -> np.ndarray:
+    rule = whatif.settings.production
+    return need_gpus(production_groups(policy, rule), production, rule)
 
 
 def _layout_text(policy: PoolPolicy, layout: Layout, mode: LayoutMode) -> str:

@@ -20,7 +20,8 @@ import pytest
 from policy import PoolPolicy, load_policy, parse_policy
 from runtime.metrics import catalogue as c
 from runtime.sim.budget import ExporterView, budget, headroom, production_utilization, spare
-from runtime.sim.engine import FlexInput, Layout, ProductionRule, Settings, replay_pooled
+from runtime.sim.engine import FlexInput, Layout, Settings, replay_pooled
+from runtime.sim.production import ProductionRule
 from runtime.sim.serving import Requests
 from runtime.sim.traces import diurnal
 from tests.alerts.test_e2e import query
@@ -81,18 +82,20 @@ def _states(policy: PoolPolicy) -> list[ExporterView]:
         np.zeros(n, dtype=bool),
         backlog=True,
     )
-    # Production peaks beyond the cluster's 96 GPUs at 90 % duty per replica: every step of
-    # the budget is taken, and production and flex pods both wait at times.
+    # Production peaks beyond the cluster's 96 GPUs at 90 % duty per one-GPU replica: every
+    # step of the budget is taken, and production and flex pods both wait at times. The
+    # policy's own production workloads (multi-GPU pods under their HPA) add their states.
     trace = diurnal(hours=24, peak_gpus=120, trough_gpus=2, duty_cycle=0.95, seed=3)
-    replay_pooled(
-        policy,
-        Layout.of_policy(policy),
-        trace,
-        [FlexInput(w, requests, 200_000, Latencies(), backlog_window=4096)],
-        Settings(hours=24, flex_startup_s=120, production=ProductionRule(target_utilization=0.9)),
-        prod_tokens_per_gpu_s=1.0,
-        observe=lambda _t, view: seen.append(view),
-    )
+    for rule in (ProductionRule("duty", target_utilization=0.9), ProductionRule("policy")):
+        replay_pooled(
+            policy,
+            Layout.of_policy(policy),
+            trace,
+            [FlexInput(w, requests, 200_000, Latencies(), backlog_window=4096)],
+            Settings(hours=24, flex_startup_s=120, production=rule),
+            prod_tokens_per_gpu_s=1.0,
+            observe=lambda _t, view: seen.append(view),
+        )
     # A quarter from each step; within a step the states with the most pods first (where a
     # wrong term shows), then spread in time.
     by_region: dict[Region, list[ExporterView]] = {}

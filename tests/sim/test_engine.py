@@ -19,6 +19,7 @@ from runtime.sim.engine import (
     replay_fixed,
     replay_pooled,
 )
+from runtime.sim.production import ProductionRule, need_gpus, production_groups
 from runtime.sim.report import summarize
 from runtime.sim.serving import Fleet, Requests
 from runtime.sim.traces import ProductionTrace, diurnal
@@ -61,15 +62,22 @@ def _without_production(policy: PoolPolicy) -> dict[str, Any]:
     return document
 
 
+DUTY = ProductionRule("duty")
+
+
 def _run(
     policy: PoolPolicy,
     trace: ProductionTrace,
     requests: Requests,
     hours: float = 2,
     hpa_tolerance: HpaTolerance = "cluster",
+    rule: ProductionRule = DUTY,
 ) -> tuple[Replay, Replay]:
+    """Both replays; production is one-GPU pods on the duty rule unless ``rule`` says."""
     flex = [FlexInput(policy.workloads[0], requests, 100_000, Latencies(), backlog_window=2048)]
-    settings = Settings(hours=hours, flex_startup_s=60, hpa_tolerance=hpa_tolerance)
+    settings = Settings(
+        hours=hours, flex_startup_s=60, hpa_tolerance=hpa_tolerance, production=rule
+    )
     layout = Layout.of_policy(policy)
     pooled = replay_pooled(policy, layout, trace, flex, settings, prod_tokens_per_gpu_s=100.0)
     fixed = replay_fixed(policy, layout, trace, flex, settings, prod_tokens_per_gpu_s=100.0)
@@ -392,3 +400,72 @@ def test_ties_break_by_creation_order_not_by_memory_layout() -> None:
     evicted = [e.pod for e in cluster.schedule(1)]
     assert top.nominated is not None or top.phase is Phase.STARTING
     assert evicted == sorted(evicted, key=lambda p: -p.uid)
+
+
+def _longest_wait_steps(pending: Sequence[int]) -> int:
+    return max(
+        (len(run) for run in "".join("1" if p else "0" for p in pending).split("0")), default=0
+    )
+
+
+def test_policy_production_workloads_scale_on_their_hpa_and_take_gpus_back_from_flex() -> None:
+    """The default policy's llama-70b-prod (4-GPU pods, HPA on mean duty 0.6, 2-12
+    replicas): a burst to 28 busy GPU-equivalents scales it to ceil(28 / 2.4) = 12 replicas,
+    48 GPUs, 16 beyond a 32-GPU gpu-prod and into a gpu-flex that flex has filled: flex pods
+    are preempted and no production pod waits longer than a flex pod's graceful shutdown
+    (plus one step)."""
+    document = load_policy().model_dump(mode="json")
+    document["node_pools"][0]["max_nodes"] = 4
+    document["workloads"][0]["max_replicas"] = 32
+    policy = parse_policy(document)
+    n = 180
+    busy = np.full(n, 2.0)
+    busy[40:] = 28.0
+    held = np.full(n, 48, dtype=np.int64)
+    trace = ProductionTrace("burst", 0.0, 60.0, held, busy)
+    # Flex first fills the cluster: gpu-prod's unreserved GPUs and gpu-flex.
+    pooled, _ = _run(policy, trace, _stream(4096, backlog=True), hours=3, rule=ProductionRule())
+    s = pooled.series
+    need = np.asarray(s.prod_need)
+    assert need[0] == 2 * 4  # min_replicas at 2 busy GPU-equivalents
+    assert need[-1] == 12 * 4  # the HPA's answer, capped at max_replicas
+    assert np.asarray(s.prod_gpus)[-1] == 48
+    assert sum(s.evictions) > 0
+    assert _longest_wait_steps(s.prod_pending) * pooled.step_s <= (
+        policy.disruption.shutdown_budget_s + pooled.step_s
+    )
+    # The HPA scales up at once (scale_up_stabilization_s 0) and the pods serve the burst.
+    burst = np.asarray(s.t) >= 40 * 60 + 3600 * 0.5
+    assert np.allclose(np.asarray(s.prod_busy_served)[burst], 28.0)
+
+
+def test_policy_production_workloads_split_the_load_by_their_ceilings() -> None:
+    """Two workloads, one fixed and one on an HPA: the fixed one runs max_replicas all the
+    time; the HPA one serves its share of the load (ceiling 8 of 24 GPUs: a third)."""
+    document = load_policy().model_dump(mode="json")
+    document["production"] = [
+        {"namespace": "inference", "name": "fixed-prod", "gpus_per_replica": 2,
+         "min_replicas": 8, "max_replicas": 8},
+        {"namespace": "inference", "name": "elastic-prod", "gpus_per_replica": 1,
+         "max_replicas": 8, "scale_on": "external"},
+    ]  # fmt: skip
+    policy = parse_policy(document)
+    groups = production_groups(policy, ProductionRule())
+    assert [(g.owner, g.scaling, round(g.share, 3)) for g in groups] == [
+        ("inference/fixed-prod", "fixed", 0.667),
+        ("inference/elastic-prod", "hpa", 0.333),
+    ]
+    trace = _flat(held=24, busy=6.0)
+    pooled, _ = _run(policy, trace, _stream(64, backlog=True), rule=ProductionRule())
+    # fixed: 8 x 2 GPUs; external (assumed target 0.6): ceil(6 / 3 / 0.6) = 4 one-GPU pods.
+    assert need_gpus(groups, trace, ProductionRule())[0] == 16 + 4
+    assert pooled.series.prod_need[-1] == 16 + 4
+    assert pooled.series.prod_gpus[-1] == 16 + 4
+
+
+def test_without_production_workloads_the_policy_rule_falls_back_to_duty() -> None:
+    policy = parse_policy(_without_production(load_policy()))
+    (group,) = production_groups(policy, ProductionRule())
+    assert group.scaling == "trace" and group.gpus_per_replica == 1
+    trace = _flat(held=20, busy=6.0)
+    assert need_gpus((group,), trace, ProductionRule())[0] == 10  # ceil(6 / 0.6)

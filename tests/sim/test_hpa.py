@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from infra.builders.production import autoscaler as production_autoscaler
 from infra.builders.workload import autoscaler
 from policy import PoolPolicy, load_policy
 from runtime.sim.hpa import (
@@ -415,7 +416,8 @@ BAD_MANIFESTS = [
     ("spec.maxReplicas", _set("spec.maxReplicas", _DELETE)),
     ("spec.maxReplicas", _set("spec.maxReplicas", "8")),
     ("spec.metrics", _set("spec.metrics", [])),
-    ("spec.metrics[0].type", _set("spec.metrics.0.type", "Pods")),
+    ("spec.metrics[0].type", _set("spec.metrics.0.type", "Object")),
+    ("spec.metrics[0].pods", _set("spec.metrics.0.type", "Pods")),
     ("spec.metrics[0].external.target.type", _set(f"{METRIC}.target.type", "Value")),
     ("spec.metrics[0].external.target.averageValue", _set(f"{METRIC}.target.averageValue", "two")),
     ("spec.metrics[0].external.target.averageValue", _set(f"{METRIC}.target.averageValue", "0")),
@@ -539,3 +541,66 @@ def test_spec_validation(fields: dict[str, Any], name: str) -> None:
         spec(**fields)
     with pytest.raises(ValueError, match=r"^period_s\b"):
         pods(1, 0)
+
+
+# replica_calculator_test.go, Pods ("qps") metrics: (current, levels, target, expected).
+PODS_CASES = [
+    ("TestReplicaCalcScaleUpCM", 3, [20.0, 10.0, 30.0], 15.0, 4),
+    ("TestReplicaCalcScaleUpCMUnreadyHotCpuNoLessScale", 3, [50.0, 10.0, 30.0], 15.0, 6),
+    ("TestReplicaCalcScaleDownCM", 5, [12.0] * 5, 20.0, 3),
+    ("TestReplicaCalcToleranceCM", 3, [20.0, 21.0, 21.0], 20.666, 3),
+]
+
+
+@pytest.mark.parametrize(
+    ("current", "levels", "target", "expected"),
+    [case[1:] for case in PODS_CASES],
+    ids=[case[0] for case in PODS_CASES],
+)
+def test_pods_metric_replicas_match_the_controllers_cases(
+    current: int, levels: list[float], target: float, expected: int
+) -> None:
+    hpa = spec(
+        target_average_value=target,
+        metric_type="Pods",
+        max_replicas=20,
+        min_replicas=1,
+        scale_down_stabilization_s=0,
+    )
+    state = HpaState()
+    got = reconcile(hpa, state, now_s=0.0, current_replicas=current, metric=None, pods=levels)
+    assert got == expected
+
+
+def test_pending_pods_count_as_idle_on_a_scale_up() -> None:
+    """Two pods at twice the target and two Pending: the recount with the Pending pods at 0
+    lands on the target, so the controller waits for them instead of adding more."""
+    hpa = spec(target_average_value=0.6, metric_type="Pods", max_replicas=20, min_replicas=1)
+    pods = [1.2, 1.2, None, None]
+    assert reconcile(hpa, HpaState(), now_s=0.0, current_replicas=4, metric=None, pods=pods) == 4
+    # Without them the same two pods ask for four.
+    assert (
+        reconcile(hpa, HpaState(), now_s=0.0, current_replicas=2, metric=None, pods=[1.2, 1.2]) == 4
+    )
+    # Hotter pods outgrow the recount: ceil(0.9 / 0.6 * 4) = 6.
+    hot = [1.8, 1.8, None, None]
+    assert reconcile(hpa, HpaState(), now_s=0.0, current_replicas=4, metric=None, pods=hot) == 6
+
+
+def test_a_pods_hpa_without_reporting_pods_does_not_scale() -> None:
+    hpa = spec(target_average_value=0.6, metric_type="Pods", max_replicas=20, min_replicas=1)
+    state = HpaState()
+    assert reconcile(hpa, state, now_s=0.0, current_replicas=3, metric=None, pods=[None]) == 3
+    assert state.scale_up_events == [] and state.scale_down_events == []
+
+
+def test_from_manifest_reads_a_rendered_production_hpa(policy: PoolPolicy) -> None:
+    workload = next(w for w in policy.production if w.renders_hpa)
+    parsed = HpaSpec.from_manifest(production_autoscaler(policy, workload))
+    assert parsed.metric_type == "Pods"
+    assert parsed.target_average_value == workload.target_gpu_utilization
+    assert (parsed.min_replicas, parsed.max_replicas) == (
+        workload.min_replicas,
+        workload.max_replicas,
+    )
+    assert parsed.scale_down_stabilization_s == workload.scale_down_stabilization_s
