@@ -1,13 +1,16 @@
 # The two set-up commands of the README:
 #   make demo   validate and render the embedded default policy (core packages only)
 #   make test   install everything the tests need (Python packages, the CPU build of
-#               vLLM 0.32, Debian's Prometheus and Alertmanager) and run the whole suite
+#               vLLM 0.32, Debian's Prometheus and Alertmanager, checkov in a venv of its
+#               own) and run the whole suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_VERSION := 3.3.30
 
-.PHONY: demo test lint servers install install-test
+.PHONY: demo test lint servers install install-test checkov
 
 $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +25,16 @@ $(VENV)/.test: $(VENV)/.core
 	$(PIP) uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 	touch $@
 
+# checkov pins an older `packaging` than Pulumi needs: it gets a virtualenv of its own, which
+# tests/infra/test_checkov.py runs on the rendered bundle.
+$(CHECKOV_VENV)/.installed:
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip --disable-pip-version-check -q install checkov==$(CHECKOV_VERSION)
+	touch $@
+
 install: $(VENV)/.core
 install-test: $(VENV)/.test
+checkov: $(CHECKOV_VENV)/.installed
 
 servers:
 	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null \
@@ -40,5 +51,5 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy policy infra alerts runtime
 
-test: servers $(VENV)/.test
+test: servers $(VENV)/.test $(CHECKOV_VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)

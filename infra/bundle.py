@@ -1,19 +1,26 @@
 """The whole bundle: every object the policy implies, grouped the way the Pulumi program groups
-them, in a deterministic apply order (cluster-scoped first, then namespaced)."""
+them, in a deterministic apply order (cluster-scoped first, then namespaced).
+
+Two passes run over every object: namespaces and claims get the GitOps keep-annotations
+(``meta.retained``), and no two objects may share a cluster identity (kind, namespace,
+name) or a Pulumi URN (component type, resource type, logical name), so the rendered set and
+the Pulumi program can never silently drop or overwrite one.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from alerts.manifests import monitoring_objects
-from infra.builders.meta import Manifest
+from infra.builders.meta import Manifest, retained
 from infra.builders.namespaces import namespaces
+from infra.builders.network import flex_network_policy, tuner_network_policy
 from infra.builders.nodepools import Target, node_pools
 from infra.builders.policy_config import policy_config_map
 from infra.builders.priorities import priority_classes
 from infra.builders.production import production_autoscalers
-from infra.builders.rbac import service_accounts_and_rbac
+from infra.builders.rbac import service_accounts
 from infra.builders.runtime_components import tuner
 from infra.builders.scraping import flex_pod_monitor
 from infra.builders.workload import HpaTolerance, flex_workload
@@ -45,8 +52,53 @@ class ObjectGroup:
     """The objects, in apply order."""
 
 
+SHORT_KIND = {
+    "PersistentVolumeClaim": "pvc",
+    "Service": "svc",
+    "PodDisruptionBudget": "pdb",
+    "HorizontalPodAutoscaler": "hpa",
+}
+"""Suffixes of Pulumi child names (``f"{name}-pdb"``); other kinds use the lower-case kind."""
+
+
+def logical_name(obj: Manifest) -> str:
+    """Pulumi name of an object's resource: ``<name>-<short kind>``, unique per kind."""
+    kind = obj["kind"]
+    return f"{obj['metadata']['name']}-{SHORT_KIND.get(kind, kind.lower())}"
+
+
 class MissingVllmArgs(ValueError):
     """A workload has no vLLM arguments: the edge that computes them skipped it."""
+
+
+class DuplicateObject(ValueError):
+    """Two objects of the bundle would be one object in the cluster or one Pulumi resource."""
+
+
+def _identity(obj: Manifest) -> tuple[str, str, str | None, str]:
+    """What the API server keys an object by: group, kind, namespace, name."""
+    group = obj["apiVersion"].rpartition("/")[0]
+    return group, obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]
+
+
+def check_unique(groups: Sequence[ObjectGroup]) -> None:
+    """Raise ``DuplicateObject`` naming both owners when two objects collide.
+
+    Policy validation rejects the names that would collide; this is the bundle's own
+    guarantee, so a builder change can never make render and Pulumi disagree."""
+    seen: dict[tuple[str, ...], str] = {}
+    for group in groups:
+        for obj in group.objects:
+            group_key, kind, namespace, name = _identity(obj)
+            where = f"{kind} {namespace + '/' if namespace else ''}{name} (group {group.name})"
+            keys = {
+                "the same object": ("object", group_key, kind, namespace or "", name),
+                "the same Pulumi URN": ("urn", group.component, group_key, kind, logical_name(obj)),
+            }
+            for what, key in keys.items():
+                if key in seen:
+                    raise DuplicateObject(f"{seen[key]} and {where} are {what}")
+                seen[key] = where
 
 
 def build_groups(
@@ -73,7 +125,12 @@ def build_groups(
         ObjectGroup(
             "gpupool:system:RuntimeComponents",
             "runtime",
-            (*service_accounts_and_rbac(policy), *policy_config_map(policy), *tuner(policy)),
+            (
+                *service_accounts(policy),
+                *policy_config_map(policy),
+                *tuner(policy),
+                tuner_network_policy(policy),
+            ),
         ),
         ObjectGroup(
             MONITORING, "monitoring", (*monitoring_objects(policy), flex_pod_monitor(policy))
@@ -86,10 +143,15 @@ def build_groups(
         ObjectGroup(
             INFERENCE_WORKLOAD,
             w.name,
-            tuple(flex_workload(policy, w, vllm_args[w.name], hpa_tolerance)),
+            (
+                *flex_workload(policy, w, vllm_args[w.name], hpa_tolerance),
+                flex_network_policy(policy, w),
+            ),
         )
         for w in policy.workloads
     ]
+    groups = [replace(g, objects=tuple(map(retained, g.objects))) for g in groups]
+    check_unique(groups)
     return groups
 
 

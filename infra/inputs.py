@@ -2,17 +2,35 @@
 
 A workload's ``hf_config`` is relative to the policy file's directory; ``runtime.vllm`` turns
 the model config and the policy into the vLLM server arguments. A model config that is
-missing or does not fit is reported like any other policy problem: at the workload's line.
+missing or does not fit is reported like any other policy problem: at the line of the
+workload field to change. So are the names of the objects the builders derive from the
+policy (``name_problems``): what the API server would refuse, or two objects would share,
+is refused here, before anything is rendered or declared.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from policy import PolicyError, PoolPolicy, Problem, parse_policy
-from policy.loader import read_yaml
+from infra.builders.meta import Manifest
+from infra.builders.nodepools import TARGETS
+from infra.bundle import (
+    INFERENCE_WORKLOAD,
+    DuplicateObject,
+    ObjectGroup,
+    build_groups,
+    check_unique,
+)
+from policy import PolicyError, PoolPolicy, Problem, parse_policy, policy_warnings
+from policy.base import (
+    DNS_LABEL_MAX,
+    DNS_SUBDOMAIN_MAX,
+    check_dns_label,
+    check_dns_subdomain,
+    check_service_name,
+)
+from policy.loader import locate, read_yaml
 from runtime.vllm import (
     BackendError,
     KvPlanError,
@@ -20,6 +38,13 @@ from runtime.vllm import (
     load_model_spec,
     serve_args,
 )
+
+NAME_RULES = {
+    "Service": (check_service_name, DNS_LABEL_MAX),
+    "Namespace": (check_dns_label, DNS_LABEL_MAX),
+}
+"""Kind -> the API server's rule for its ``metadata.name`` and that rule's length limit;
+every other kind gpupool renders is named by a DNS-1123 subdomain."""
 
 
 @dataclass(frozen=True)
@@ -29,30 +54,89 @@ class BundleInputs:
     policy: PoolPolicy
     vllm_args: dict[str, list[str]]
     """Workload name -> vLLM server arguments."""
+    warnings: tuple[Problem, ...] = ()
+    """``policy.policy_warnings``: valid but probably not meant; the CLI prints them."""
 
 
 def load_inputs(policy_path: Path) -> BundleInputs:
     """Read and validate the policy, then derive the vLLM args of every workload.
 
-    Raises PolicyError listing every problem (policy or model config) before anything is built.
+    Raises PolicyError listing every problem (policy, model config, derived object names)
+    before anything is built.
     """
+    source = str(policy_path)
     document = read_yaml(policy_path)
-    policy = parse_policy(document, str(policy_path))
+    policy = parse_policy(document, source)
     args: dict[str, list[str]] = {}
     problems: list[Problem] = []
     for i, workload in enumerate(policy.workloads):
         try:
             model = load_model_spec(policy_path.parent / workload.hf_config)
             args[workload.name] = serve_args(policy, workload, model)
-        except (ModelConfigError, KvPlanError, BackendError) as exc:
-            line = _workload_line(document, i)
-            problems.append(Problem(str(policy_path), line, f"workloads.{i}", str(exc)))
+        except ModelConfigError as exc:
+            problems.append(locate(document, source, f"workloads.{i}.hf_config", str(exc)))
+        except KvPlanError as exc:
+            problems.append(locate(document, source, f"workloads.{i}.{exc.field}", str(exc)))
+        except BackendError as exc:
+            path = f"workloads.{i}.attention_backend"
+            problems.append(locate(document, source, path, str(exc)))
+    problems += [locate(document, source, path, msg) for path, msg in name_problems(policy)]
     if problems:
-        raise PolicyError(problems)
-    return BundleInputs(policy, args)
+        raise PolicyError(sorted(problems, key=lambda p: (p.line, p.path)))
+    return BundleInputs(policy, args, tuple(policy_warnings(policy, document, source)))
 
 
-def _workload_line(document: Any, index: int) -> int:
-    """1-based line where workload ``index`` starts in the round-trip YAML document."""
-    line, _column = document["workloads"].lc.item(index)
-    return int(line) + 1
+def name_problems(policy: PoolPolicy) -> list[tuple[str, str]]:
+    """``(field path, message)`` for every object of a workload that the API server would
+    refuse by name, or that would be the same object (or Pulumi resource) as another.
+
+    The objects are the builders' own, so every derived name is covered
+    (``<workload>-kv-compaction`` is a Service: 63 characters at most), and collisions are
+    found by ``infra.bundle.check_unique``, the rule the bundle itself enforces. Each
+    workload is built alone (with every cluster-wide object, for both targets) and then
+    checked against the workloads before it, so each problem names the workload to rename.
+    The other objects' names are fields the policy models validate. Names never depend on
+    the vLLM arguments, so none are passed (a workload whose model failed is still checked).
+    """
+    found: dict[tuple[str, str], None] = {}
+    earlier: list[ObjectGroup] = []
+    for i, workload in enumerate(policy.workloads):
+        path, alone = f"workloads.{i}.name", policy.model_copy(update={"workloads": [workload]})
+        try:
+            groups = [
+                group
+                for target in TARGETS
+                for group in build_groups(alone, target=target, vllm_args={workload.name: []})
+                if group.component == INFERENCE_WORKLOAD
+            ]
+        except DuplicateObject as exc:
+            found[(path, f"{exc}; expected distinct names: rename the workload")] = None
+            continue
+        own = groups[0]
+        for obj in own.objects:
+            problem = _name_problem(obj, workload.name)
+            if problem is not None:
+                found[(path, problem)] = None
+        for other in earlier:
+            try:
+                check_unique([other, own])
+            except DuplicateObject as exc:
+                found[(path, f"{exc}; expected distinct names: rename one workload")] = None
+        earlier.append(own)
+    return list(found)
+
+
+def _name_problem(obj: Manifest, workload: str) -> str | None:
+    """Why the API server would refuse ``obj``'s name (None: it would not), with the
+    longest workload name whose derived name would fit."""
+    check, limit = NAME_RULES.get(obj["kind"], (check_dns_subdomain, DNS_SUBDOMAIN_MAX))
+    name = obj["metadata"]["name"]
+    try:
+        check(name)
+    except ValueError as exc:
+        longest = limit - (len(name) - len(workload))
+        return (
+            f"the {obj['kind']} of workload {workload!r} would be refused by the API server: "
+            f"{exc}; expected a workload name of at most {longest} characters"
+        )
+    return None

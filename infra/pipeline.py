@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from infra.builders.meta import Manifest
 from infra.builders.nodepools import Target
 from infra.builders.workload import HpaTolerance
 from infra.bundle import build_bundle
-from infra.inputs import load_inputs
+from infra.inputs import BundleInputs, load_inputs
 from infra.render import fragment_documents, render_documents
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The objects of one policy and their files (objects plus the fragments beside them)."""
+
+    objects: list[Manifest]
+    documents: dict[str, str]
+
+
+def render_inputs(
+    inputs: BundleInputs, *, target: Target, hpa_tolerance: HpaTolerance = "cluster"
+) -> Rendered:
+    """Every object of validated inputs and the files beside them (the production
+    Component, the prometheus-adapter fragment)."""
+    objects = build_bundle(
+        inputs.policy, target=target, vllm_args=inputs.vllm_args, hpa_tolerance=hpa_tolerance
+    )
+    return Rendered(objects, render_documents(objects) | fragment_documents(inputs.policy))
 
 
 def render_policy_file(
     path: Path, *, target: Target, hpa_tolerance: HpaTolerance = "cluster"
 ) -> dict[str, str]:
-    """Load and validate ``path`` (PolicyError on any problem), then render every object and
-    the files beside them (the production Component, the prometheus-adapter fragment)."""
-    inputs = load_inputs(path)
-    objects = build_bundle(
-        inputs.policy, target=target, vllm_args=inputs.vllm_args, hpa_tolerance=hpa_tolerance
-    )
-    return render_documents(objects) | fragment_documents(inputs.policy)
+    """Load and validate ``path`` (PolicyError on any problem), then render it."""
+    return render_inputs(load_inputs(path), target=target, hpa_tolerance=hpa_tolerance).documents

@@ -16,9 +16,16 @@ from pulumi_kubernetes.core.v1 import Service
 
 from infra.builders.nodepools import TARGETS, Target
 from infra.builders.workload import HPA_TOLERANCES, HpaTolerance
-from infra.bundle import INFERENCE_WORKLOAD, SCHEDULING, ObjectGroup, build_groups
+from infra.bundle import (
+    INFERENCE_WORKLOAD,
+    SCHEDULING,
+    ObjectGroup,
+    build_groups,
+    check_unique,
+    logical_name,
+)
 from infra.inputs import load_inputs
-from infra.resources import declare, logical_name
+from infra.resources import declare
 from policy import PolicyError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -72,8 +79,8 @@ class BundleComponent(pulumi.ComponentResource):
 
 
 class InferenceWorkload(BundleComponent):
-    """One flex vLLM workload: Deployment, PVC, Service, PDB and HPA (and, with compaction,
-    the sidecars' headless Service)."""
+    """One flex vLLM workload: Deployment, PVC(s), Service, PDB, HPA and NetworkPolicy (and,
+    with compaction, the sidecars' headless Service)."""
 
     service_url: pulumi.Output[str]
     """In-cluster URL of the workload's Service, from the Service resource's outputs."""
@@ -95,7 +102,11 @@ def _service_url(args: list[Any]) -> str:
 
 
 def declare_groups(groups: list[ObjectGroup]) -> list[BundleComponent]:
-    """One component per group; every other group waits for namespaces and priorities."""
+    """One component per group; every other group waits for namespaces and priorities.
+
+    Groups from anywhere (not only ``build_groups``) are checked first: a duplicate would
+    otherwise replace a child in its component's ``resources`` or fail at registration."""
+    check_unique(groups)
     first = [g for g in groups if g.component == SCHEDULING]
     scheduling = [BundleComponent(g) for g in first]
     components = list(scheduling)

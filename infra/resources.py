@@ -6,6 +6,9 @@ Built-in kinds map by convention: group ``""`` -> ``core``, ``apps`` -> ``apps``
 Kinds of CRDs (Karpenter ``NodePool``, ``PrometheusRule``) become ``CustomResource``. Nodes
 are never created by gpupool, only patched: ``Node`` becomes ``NodePatch`` (server-side apply).
 Top-level fields other than ``apiVersion``/``kind`` pass through as resource arguments.
+Objects of ``meta.RETAINED_KINDS`` (namespaces, claims) get ``retain_on_delete``: removing
+them from the policy or ``pulumi destroy`` drops them from the stack, never from the
+cluster, as Argo CD and Flux do with the annotations they carry.
 """
 
 from __future__ import annotations
@@ -17,24 +20,11 @@ from typing import Any
 import pulumi
 from pulumi_kubernetes.apiextensions import CustomResource
 
-from infra.builders.meta import Manifest
+from infra.builders.meta import RETAINED_KINDS, Manifest
+from infra.bundle import logical_name
 
 PATCHED_KINDS = frozenset({"Node"})
 """Kinds gpupool only patches (the objects exist already); declared as ``<Kind>Patch``."""
-
-SHORT_KIND = {
-    "PersistentVolumeClaim": "pvc",
-    "Service": "svc",
-    "PodDisruptionBudget": "pdb",
-    "HorizontalPodAutoscaler": "hpa",
-}
-"""Suffixes of Pulumi child names (``f"{name}-pdb"``); other kinds use the lower-case kind."""
-
-
-def logical_name(obj: Manifest) -> str:
-    """Pulumi name of an object's resource: ``<name>-<short kind>``, unique per kind."""
-    kind = obj["kind"]
-    return f"{obj['metadata']['name']}-{SHORT_KIND.get(kind, kind.lower())}"
 
 
 def resource_class(api_version: str, kind: str) -> type[pulumi.CustomResource] | None:
@@ -53,9 +43,12 @@ def resource_class(api_version: str, kind: str) -> type[pulumi.CustomResource] |
 
 
 def declare(obj: Manifest, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
-    """Create the resource that applies ``obj``."""
+    """Create the resource that applies ``obj`` (``opts`` plus ``retain_on_delete`` for the
+    kinds no deletion may reach)."""
     name = logical_name(obj)
     api_version, kind = obj["apiVersion"], obj["kind"]
+    if kind in RETAINED_KINDS:
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(retain_on_delete=True))
     fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
     cls = resource_class(api_version, kind)
     if cls is None:

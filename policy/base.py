@@ -12,7 +12,36 @@ _DURATION = re.compile(
 )
 _DURATION_UNITS_S = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
+_PROMETHEUS_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+LABEL_KEY = re.compile(
+    r"^(?:(?P<prefix>[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/)?"
+    r"(?P<name>[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$"
+)
+"""A Kubernetes label (or taint) key: optional DNS-subdomain prefix and ``/``, then a name."""
+
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+"""A Kubernetes label value (may be empty); at most ``DNS_LABEL_MAX`` characters."""
+
+DNS_LABEL_MAX = 63
+"""Longest RFC 1123 / RFC 1035 label: Namespace and Service names, label values, the name
+part of a label key (Kubernetes ``validation.DNS1123LabelMaxLength``)."""
+
+DNS_SUBDOMAIN_MAX = 253
+"""Longest RFC 1123 subdomain: names of most objects (Deployments, Secrets, PVCs, Nodes,
+PriorityClasses, ...) and the prefix of a label key."""
+
+RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "karpenter.sh")
+"""Label domains (and their subdomains) gpupool's own node label may not use: Kubernetes
+reserves ``kubernetes.io`` and ``k8s.io`` (the kubelet's NodeRestriction admission refuses
+them except for a fixed list) and Karpenter refuses all three in a NodePool's labels."""
+
+MAX_REPLICAS = 5000
+"""Largest replica bound gpupool accepts (5,000 is the node count of the largest cluster
+Kubernetes supports): a bigger value is a typo, never a plan."""
 
 
 class StrictModel(BaseModel):
@@ -45,11 +74,110 @@ def _check_duration(value: str) -> str:
     return value
 
 
-def _check_dns_label(value: str) -> str:
-    if len(value) > 63 or not _DNS_LABEL.match(value):
+def check_dns_label(value: str) -> str:
+    """``value`` if it is an RFC 1123 label (a Namespace or most object names), else ValueError."""
+    if len(value) > DNS_LABEL_MAX or not _DNS_LABEL.match(value):
         raise ValueError(
-            f"expected a Kubernetes name (lower-case letters, digits and '-', at most 63 "
-            f"characters, starting and ending alphanumeric), found {value!r}"
+            f"expected a Kubernetes name (lower-case letters, digits and '-', at most "
+            f"{DNS_LABEL_MAX} characters, starting and ending alphanumeric), found {value!r}"
+        )
+    return value
+
+
+def check_service_name(value: str) -> str:
+    """``value`` if it is an RFC 1035 label (what the API server requires of a Service name)."""
+    if len(value) > DNS_LABEL_MAX or not _DNS_1035_LABEL.match(value):
+        raise ValueError(
+            f"expected a Service name (DNS-1035 label: lower-case letters, digits and '-', at "
+            f"most {DNS_LABEL_MAX} characters, starting with a letter and ending "
+            f"alphanumeric), found {value!r}"
+        )
+    return value
+
+
+def check_dns_subdomain(value: str) -> str:
+    """``value`` if it is an RFC 1123 subdomain (Node, Secret, PVC, PriorityClass names)."""
+    if len(value) > DNS_SUBDOMAIN_MAX or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"expected a DNS-1123 subdomain (lower-case alphanumeric labels of letters, digits "
+            f"and '-', joined by '.', at most {DNS_SUBDOMAIN_MAX} characters, e.g. "
+            f"ip-10-0-1-23.ec2.internal), found {value!r}"
+        )
+    return value
+
+
+def is_label_key(value: str) -> bool:
+    """Whether ``value`` is a Kubernetes label key (prefix <= 253, name <= 63 characters)."""
+    match = LABEL_KEY.match(value)
+    return (
+        match is not None
+        and len(match["name"]) <= DNS_LABEL_MAX
+        and len(match["prefix"] or "") <= DNS_SUBDOMAIN_MAX
+    )
+
+
+def is_label_value(value: str) -> bool:
+    """Whether ``value`` is a Kubernetes label value (<= 63 characters)."""
+    return len(value) <= DNS_LABEL_MAX and LABEL_VALUE.match(value) is not None
+
+
+def _check_label_key(value: str) -> str:
+    if not is_label_key(value):
+        raise ValueError(
+            "expected a label key [PREFIX/]NAME (PREFIX a DNS subdomain of at most "
+            f"{DNS_SUBDOMAIN_MAX} characters, NAME at most {DNS_LABEL_MAX} letters, digits, "
+            f"'-', '_' or '.', alphanumeric at both ends), found {value!r}"
+        )
+    return value
+
+
+def _check_label_value(value: str) -> str:
+    if not is_label_value(value):
+        raise ValueError(
+            f"expected a label value (at most {DNS_LABEL_MAX} letters, digits, '-', '_' or '.', "
+            f"alphanumeric at both ends, or empty), found {value!r}"
+        )
+    return value
+
+
+def _check_namespace(value: str) -> str:
+    check_dns_label(value)
+    if value == "default" or value.startswith("kube-"):
+        raise ValueError(
+            "expected a namespace of gpupool's own, not default and not kube-* (Kubernetes' "
+            "namespaces: gpupool's Pod Security labels and pods do not belong there), "
+            f"found {value!r}"
+        )
+    return value
+
+
+def _check_priority_class_name(value: str) -> str:
+    check_dns_subdomain(value)
+    if value.startswith("system-"):
+        raise ValueError(
+            "expected a PriorityClass name without the system- prefix (the API server "
+            f"reserves it for Kubernetes' own classes), found {value!r}"
+        )
+    return value
+
+
+def _check_node_label_key(value: str) -> str:
+    _check_label_key(value)
+    domain = value.partition("/")[0] if "/" in value else ""
+    if any(domain == d or domain.endswith(f".{d}") for d in RESERVED_LABEL_DOMAINS):
+        raise ValueError(
+            f"expected a label key outside {', '.join(RESERVED_LABEL_DOMAINS)} (reserved: the "
+            "kubelet's NodeRestriction admission and Karpenter refuse them), e.g. "
+            f"gpupool.io/pool, found {value!r}"
+        )
+    return value
+
+
+def _check_prometheus_label(value: str) -> str:
+    if not _PROMETHEUS_LABEL.match(value) or value.startswith("__"):
+        raise ValueError(
+            "expected a Prometheus label name (letters, digits and '_', not starting with a "
+            f"digit; '__' is reserved for Prometheus' internal labels), found {value!r}"
         )
     return value
 
@@ -63,8 +191,35 @@ def _check_quantity(value: str) -> str:
 Duration = Annotated[str, AfterValidator(_check_duration)]
 """A Prometheus duration (``30s``, ``5m``, ``1h30m``): alert ``for:`` and query windows."""
 
-DnsLabel = Annotated[str, AfterValidator(_check_dns_label)]
+DnsLabel = Annotated[str, AfterValidator(check_dns_label)]
 """A Kubernetes object name (RFC 1123 label)."""
+
+ServiceName = Annotated[str, AfterValidator(check_service_name)]
+"""The name of an object that is also a Service's (RFC 1035 label: starts with a letter)."""
+
+DnsSubdomain = Annotated[str, AfterValidator(check_dns_subdomain)]
+"""A Kubernetes object name that may contain dots (RFC 1123 subdomain): Nodes, Secrets, ..."""
+
+NamespaceName = Annotated[str, AfterValidator(_check_namespace)]
+"""A namespace gpupool creates and owns: never ``default`` or ``kube-*``."""
+
+PriorityClassName = Annotated[str, AfterValidator(_check_priority_class_name)]
+"""A PriorityClass name: a DNS subdomain without the reserved ``system-`` prefix."""
+
+LabelKey = Annotated[str, AfterValidator(_check_label_key)]
+"""A Kubernetes label key (``[PREFIX/]NAME``)."""
+
+LabelValue = Annotated[str, AfterValidator(_check_label_value)]
+"""A Kubernetes label value."""
+
+NodeLabelKey = Annotated[str, AfterValidator(_check_node_label_key)]
+"""A node label (and taint) key gpupool may set: outside ``RESERVED_LABEL_DOMAINS``."""
+
+PrometheusLabel = Annotated[str, AfterValidator(_check_prometheus_label)]
+"""A Prometheus label name (``[a-zA-Z_][a-zA-Z0-9_]*``, not ``__``-prefixed)."""
+
+ReplicaBound = Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
+"""An HPA ``maxReplicas``-like bound: at least 1, at most ``MAX_REPLICAS``."""
 
 Quantity = Annotated[str, AfterValidator(_check_quantity)]
 """A Kubernetes resource quantity (``16Gi``, ``500m``)."""

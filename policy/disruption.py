@@ -23,8 +23,11 @@ class Disruption(StrictModel):
     """preStop sleep so endpoints drop the pod before vLLM stops taking requests."""
     snapshot_s: int = Field(10, ge=0)
     """Budget to write the KV-cache snapshot to the volume before the kill."""
-    pdb_min_available: int = Field(1, ge=0)
-    """PodDisruptionBudget ``minAvailable`` for each flex workload."""
+    pdb_min_available: int = Field(0, ge=0)
+    """PodDisruptionBudget ``minAvailable`` for each flex workload; below every workload's
+    ``min_replicas``, or a drain at the floor would never finish. 0 (the default: flex is
+    best-effort and one replica is the usual floor) never blocks a drain; with
+    ``min_replicas`` >= 2, 1 keeps a replica serving through drains."""
     anti_affinity: Literal["preferred", "required"] = "preferred"
     """Spread replicas across nodes; ``required`` refuses to co-locate at all."""
 

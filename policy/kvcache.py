@@ -28,11 +28,13 @@ class KvCache(StrictModel):
     """vLLM automatic prefix caching (``--enable-prefix-caching``)."""
     cache_dtype: KvCacheDtype = "auto"
     """vLLM ``--kv-cache-dtype``; ``auto`` follows the model dtype."""
-    kv_preservation: Literal["filesystem", "cpu", "off"] = "filesystem"
+    kv_preservation: Literal["filesystem", "cpu", "off"] = "off"
     """How a flex instance keeps its KV across eviction: ``filesystem`` offloads blocks through
     a host-memory tier to files on the snapshot volume (vLLM OffloadingConnector, tiered spec),
     so a rescheduled replica finds them; ``cpu`` keeps a host-memory tier only (survives
-    preemption of requests, not of the pod); ``off`` disables offloading."""
+    preemption of requests, not of the pod); ``off`` disables offloading. Both connectors
+    hold block ids and the KV buffer, which KV compaction changes under them: a workload
+    with ``kv_compaction`` needs ``off`` (docs/kvcache.md, Connectors)."""
     offload_host_gib: float = Field(16.0, gt=0, le=4096)
     """Host memory (GiB) of the CPU tier every offloaded block passes through (vLLM
     ``cpu_bytes_to_use``); must fit in the workload's container memory."""

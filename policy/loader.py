@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 from ruamel.yaml import YAML
@@ -13,10 +13,15 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from policy.base import InvariantViolation
 from policy.elastic import RENAMED_FIELDS
+from policy.images import image_warnings
 from policy.pool import PoolPolicy
 
 DEFAULT_POLICY = Path(__file__).with_name("pool.yaml")
 """The reviewed default policy shipped with the package."""
+
+
+Severity = Literal["error", "warning"]
+"""An ``error`` stops validate, render and Pulumi; a ``warning`` is printed and changes nothing."""
 
 
 @dataclass(frozen=True)
@@ -27,10 +32,12 @@ class Problem:
     line: int
     path: str
     message: str
+    severity: Severity = "error"
 
     def __str__(self) -> str:
         where = f"{self.path}: " if self.path else ""
-        return f"{self.file}:{self.line}: {where}{self.message}"
+        label = "warning: " if self.severity == "warning" else ""
+        return f"{self.file}:{self.line}: {label}{where}{self.message}"
 
 
 class PolicyError(Exception):
@@ -83,6 +90,28 @@ def load_policy(path: Path = DEFAULT_POLICY) -> PoolPolicy:
     return parse_policy(read_yaml(path), str(path))
 
 
+def locate(
+    document: Any, source: str, path: str, message: str, severity: Severity = "error"
+) -> Problem:
+    """A Problem at the line of ``path`` (``workloads.0.name``) in the round-trip document."""
+    return Problem(source, _line_of(document, path.split(".")), path, message, severity)
+
+
+def policy_warnings(
+    policy: PoolPolicy, document: Any = None, source: str = "<policy>"
+) -> list[Problem]:
+    """What a valid policy probably does not mean, as located warnings (never an error).
+
+    ``validate`` and ``render`` print them after the file is accepted; ``document`` is the
+    parsed YAML the policy came from (its lines), None when there is none.
+    """
+    found = [*policy.warnings(), *image_warnings(policy)]
+    return sorted(
+        (locate(document, source, path, message, "warning") for path, message in found),
+        key=lambda p: (p.line, p.path),
+    )
+
+
 def _problems(exc: ValidationError, document: Any, source: str) -> list[Problem]:
     problems: list[Problem] = []
     for error in exc.errors():
@@ -90,11 +119,11 @@ def _problems(exc: ValidationError, document: Any, source: str) -> list[Problem]
         cause = (error.get("ctx") or {}).get("error")
         if isinstance(cause, InvariantViolation):
             for rel_path, message in cause.violations:
-                full = [*loc, *rel_path.split(".")]
-                problems.append(Problem(source, _line_of(document, full), ".".join(full), message))
+                problems.append(locate(document, source, ".".join([*loc, rel_path]), message))
             continue
-        message = _describe(error)
-        problems.append(Problem(source, _line_of(document, loc), ".".join(loc), message))
+        # Not ``locate``: a mapping key in ``loc`` may itself contain dots (label keys).
+        line = _line_of(document, loc)
+        problems.append(Problem(source, line, ".".join(loc), _describe(error)))
     return sorted(problems, key=lambda p: (p.line, p.path))
 
 
@@ -109,6 +138,8 @@ def _describe(error: Any) -> str:
             return f"{renamed} (docs/policy.md, Migrating)"
         return "unknown field (check the spelling; see `gpupool schema` for the allowed fields)"
     message = str(error["msg"]).removeprefix("Value error, ")
+    if kind == "value_error":
+        return message  # gpupool's own validators name what they found
     if isinstance(found, dict | list):
         return f"{message}, found a {'mapping' if isinstance(found, dict) else 'list'}"
     return f"{message}, found {found!r}"

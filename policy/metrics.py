@@ -10,7 +10,16 @@ import re
 
 from pydantic import Field, model_validator
 
-from policy.base import Duration, Invariants, StrictModel, duration_seconds
+from policy.base import (
+    DnsSubdomain,
+    Duration,
+    Invariants,
+    LabelKey,
+    LabelValue,
+    PrometheusLabel,
+    StrictModel,
+    duration_seconds,
+)
 
 _REASON = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 """A pod status or disruption reason: an identifier, so it is safe inside a PromQL regex."""
@@ -19,10 +28,10 @@ _REASON = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 class MetricSources(StrictModel):
     """Label names and windows of the series the catalogue queries."""
 
-    gpu_node_label: str = Field("Hostname", min_length=1)
+    gpu_node_label: PrometheusLabel = "Hostname"
     """dcgm-exporter label holding the node name (``Hostname``; ``hostname`` in its newest
     releases); joins each GPU to its node pool through kube-state-metrics' ``kube_node_labels``."""
-    gpu_pod_labels: tuple[str, str] = ("namespace", "pod")
+    gpu_pod_labels: tuple[PrometheusLabel, PrometheusLabel] = ("namespace", "pod")
     """dcgm-exporter labels naming the namespace and pod that hold a GPU (its Kubernetes
     mode, on by default in its Helm chart). With ``honorLabels: false`` on the scrape they
     arrive as ``exported_namespace`` and ``exported_pod``: set them here. Production's GPU
@@ -38,10 +47,10 @@ class MetricSources(StrictModel):
     ``<release>-dcgm-exporter`` (or ``dcgm-exporter``) with dcgm-exporter's own Helm chart,
     which the default matches. GpupoolMetricMissing fires when GPU series arrive but no
     ``up`` series matches, so a wrong value is reported, not silent."""
-    workload_label: str = Field("workload", min_length=1)
+    workload_label: PrometheusLabel = "workload"
     """Target label naming the flex workload on scraped vLLM series (set by the scrape config,
     e.g. a PodMonitor relabeling the pod's ``app.kubernetes.io/name``)."""
-    instance_labels: list[str] = Field(
+    instance_labels: list[PrometheusLabel] = Field(
         default_factory=lambda: ["namespace", "workload", "pod"], min_length=1
     )
     """Labels that identify one vLLM instance; per-instance series (KV usage, hit rate,
@@ -82,10 +91,10 @@ class MetricSources(StrictModel):
     pods whose node object is already gone, after the disruption the other reasons (or the
     node's failure) already caused; add it to count orphaned pods of vanished nodes too.
     Before v2.20 the series does not exist and this list selects nothing."""
-    alertmanager_secret: str = Field("alertmanager-main", min_length=1)
+    alertmanager_secret: DnsSubdomain = "alertmanager-main"
     """Secret the Prometheus operator reads the Alertmanager configuration from
     (``alertmanager-<Alertmanager name>``, key ``alertmanager.yaml``)."""
-    rule_selector_labels: dict[str, str] = Field(default_factory=dict)
+    rule_selector_labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     """Labels put on the PrometheusRule and dashboard so the operator's ``ruleSelector`` picks
     them up (kube-prometheus-stack: ``release: <helm release>``)."""
 

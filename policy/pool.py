@@ -7,22 +7,18 @@ import math
 from pydantic import Field, model_validator
 
 from policy.alerting import Alerting
-from policy.base import DnsLabel, Invariants, StrictModel
+from policy.base import DnsLabel, Invariants, NamespaceName, NodeLabelKey, StrictModel
 from policy.disruption import Disruption
 from policy.elastic import Autoscaling, ElasticThresholds
+from policy.images import ImageReference
 from policy.kvcache import KvCache
 from policy.metrics import MetricSources
-from policy.nodepools import NodePool
+from policy.network import Network
+from policy.nodepools import NodePool, karpenter_seconds
 from policy.priorities import Priorities
 from policy.production import ProductionWorkload
 from policy.tuner import Tuner
 from policy.workloads import FlexWorkload
-
-_LABEL_KEY = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-"""A Kubernetes label key: optional DNS-subdomain prefix and ``/``, then a name."""
 
 
 class Cluster(StrictModel):
@@ -30,14 +26,20 @@ class Cluster(StrictModel):
 
     name: DnsLabel
     """Cluster name; a label on every alert so multi-cluster Alertmanagers can tell them apart."""
-    flex_namespace: DnsLabel = "gpupool-flex"
-    """Namespace of the flex vLLM workloads."""
-    system_namespace: DnsLabel = "gpupool-system"
-    """Namespace of the tuner and the monitoring objects (compaction runs inside flex pods)."""
-    pool_label: str = Field("gpupool.io/pool", pattern=_LABEL_KEY)
-    """Node label (and taint key) whose value is the node pool's name."""
-    runtime_image: str = Field("gpupool/gpupool:0.1.0", min_length=1)
-    """Image of gpupool's own runtime components (the tuner); it contains the ``gpupool`` CLI."""
+    flex_namespace: NamespaceName = "gpupool-flex"
+    """Namespace of the flex vLLM workloads (not ``default`` or ``kube-*``)."""
+    system_namespace: NamespaceName = "gpupool-system"
+    """Namespace of the tuner and the monitoring objects (compaction runs inside flex pods);
+    not ``default`` or ``kube-*``, and not the flex namespace."""
+    pool_label: NodeLabelKey = "gpupool.io/pool"
+    """Node label (and taint key) whose value is the node pool's name; not under
+    ``kubernetes.io``, ``k8s.io`` or ``karpenter.sh`` (reserved)."""
+    runtime_image: ImageReference = "gpupool/gpupool:0.1.0"
+    """Image of gpupool's own runtime components (the tuner); it contains the ``gpupool`` CLI.
+    Pin it by digest (``REPOSITORY@sha256:<digest>``): a tag-only image is a warning."""
+    image_pull_secrets: list[DnsLabel] = Field(default_factory=list)
+    """``imagePullSecrets`` of every pod gpupool renders (private registries); each Secret
+    must exist in both gpupool namespaces."""
     prometheus_url: str = Field(
         "http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://\S+$"
     )
@@ -69,6 +71,8 @@ class PoolPolicy(StrictModel):
     """Label names and windows of the metric sources the catalogue queries."""
     tuner: Tuner = Tuner()
     """The in-cluster tuner's policy repository, forge and Secret references."""
+    network: Network = Network()
+    """Who may reach gpupool's pods (the NetworkPolicies' peers)."""
     workloads: list[FlexWorkload] = Field(default_factory=list)
     """Flex inference workloads."""
     production: list[ProductionWorkload] = Field(default_factory=list)
@@ -109,6 +113,8 @@ class PoolPolicy(StrictModel):
             )
         for i, pool in enumerate(self.node_pools):
             pool.check(f"node_pools.{i}", found)
+            self._check_node_pool(i, pool, found)
+        self._check_names(found)
         flex_names = {p.name for p in self.node_pools if p.role == "flex"}
         seen: set[str] = set()
         for i, w in enumerate(self.workloads):
@@ -122,11 +128,30 @@ class PoolPolicy(StrictModel):
                 f"(flex pools: {sorted(flex_names)})",
             )
             found.require(
-                self.disruption.pdb_min_available < w.max_replicas,
-                f"{at}.max_replicas",
-                f"workloads[{w.name}].max_replicas ({w.max_replicas}) <= "
-                f"disruption.pdb_min_available ({self.disruption.pdb_min_available}): the PDB "
-                "could never allow an eviction; lower pdb_min_available or raise max_replicas",
+                self.disruption.pdb_min_available < w.min_replicas,
+                f"{at}.min_replicas",
+                f"workloads[{w.name}].min_replicas ({w.min_replicas}) <= "
+                f"disruption.pdb_min_available ({self.disruption.pdb_min_available}): at "
+                "min_replicas the PDB allows no eviction, so every node drain and Karpenter "
+                "disruption blocks (scheduler preemption honours PDBs only best-effort, so it "
+                f"does not protect flex either); expected pdb_min_available below "
+                f"{w.min_replicas}: lower it or raise min_replicas",
+            )
+            found.require(
+                not w.kv_compaction or self.kv_cache.kv_preservation == "off",
+                f"{at}.kv_compaction",
+                f"workload {w.name!r} turns kv_compaction on while kv_cache.kv_preservation is "
+                f"{self.kv_cache.kv_preservation!r}: vLLM's OffloadingConnector holds block ids "
+                "and the KV buffer, which compaction and shrink change under it (stale blocks "
+                "stored under correct prefix hashes); expected kv_compaction: false or "
+                "kv_preservation: off",
+            )
+            found.require(
+                not w.kv_compaction or w.port != self.kv_cache.compaction_worker_port,
+                f"{at}.port",
+                f"workload {w.name!r} serves vLLM on port {w.port}, the port of the KV "
+                "compaction sidecar in the same pod (kv_cache.compaction_worker_port); "
+                "expected a different port",
             )
             host = next((p for p in self.node_pools if p.name == w.pool), None)
             found.require(
@@ -138,6 +163,85 @@ class PoolPolicy(StrictModel):
         self._check_production(found)
         found.raise_if_any()
         return self
+
+    def _check_node_pool(self, i: int, pool: NodePool, found: Invariants) -> None:
+        """What a pool's node settings must agree with elsewhere in the policy."""
+        for j, taint in enumerate(pool.taints):
+            found.require(
+                taint.key != self.cluster.pool_label,
+                f"node_pools.{i}.taints.{j}.key",
+                f"taint key {taint.key!r} is cluster.pool_label, the key of the pool taint "
+                "gpupool sets itself (a node cannot carry one key and effect twice); expected "
+                "another key",
+            )
+        grace = pool.karpenter.termination_grace_period
+        found.require(
+            grace is None or karpenter_seconds(grace) >= self.disruption.termination_grace_s,
+            f"node_pools.{i}.karpenter.termination_grace_period",
+            f"termination_grace_period {grace!r} is shorter than disruption.termination_grace_s "
+            f"({self.disruption.termination_grace_s} s): Karpenter would kill draining flex "
+            "pods before their preStop, drain and KV snapshot finish; expected at least "
+            f"{self.disruption.termination_grace_s}s",
+        )
+
+    def _check_names(self, found: Invariants) -> None:
+        """Names two objects would share: the namespaces, a node in two pools, and a Secret
+        gpupool renders (the Alertmanager configuration) that a referenced one would replace.
+
+        Names derived from workloads (``<name>-kv-compaction``, ...) are checked against the
+        rendered objects by ``infra.inputs``, which knows the builders."""
+        cluster = self.cluster
+        found.require(
+            cluster.flex_namespace != cluster.system_namespace,
+            "cluster.system_namespace",
+            f"system_namespace equals flex_namespace ({cluster.flex_namespace!r}): the tuner's "
+            "and the flex workloads' objects would share names and NetworkPolicies; expected "
+            "two different namespaces",
+        )
+        owner: dict[str, str] = {}
+        for i, pool in enumerate(self.node_pools):
+            for j, node in enumerate(pool.nodes):
+                other = owner.setdefault(node, pool.name)
+                where = "twice in this pool" if other == pool.name else f"in pool {other!r} too"
+                found.require(
+                    other == pool.name and node not in pool.nodes[:j],
+                    f"node_pools.{i}.nodes.{j}",
+                    f"node {node!r} is listed {where}: its label and taint have one value, so "
+                    "a node belongs to exactly one pool; expected each node once",
+                )
+        rendered = self.metrics.alertmanager_secret
+        for field, secret in self.tuner.referenced_secrets().items():
+            found.require(
+                secret != rendered,
+                f"tuner.{field}",
+                f"Secret {secret!r} is also the Alertmanager configuration Secret gpupool "
+                f"renders in {cluster.system_namespace!r} (metrics.alertmanager_secret), which "
+                "would replace it; expected another name",
+            )
+
+    def warnings(self) -> list[tuple[str, str]]:
+        """``(field path, message)`` for what is valid but probably not meant (never errors).
+
+        A flex workload whose ``max_replicas`` cannot all be scheduled on its pool: the HPA
+        may ask for replicas that stay Pending. Replicas fit per node, so 3-GPU replicas on
+        8-GPU nodes count 2 per node."""
+        out = []
+        for i, w in enumerate(self.workloads):
+            pool = self.pool_of(w)
+            fit = pool.max_nodes * (pool.gpus_per_node // w.gpus_per_replica)
+            if w.max_replicas > fit:
+                out.append(
+                    (
+                        f"workloads.{i}.max_replicas",
+                        f"max_replicas ({w.max_replicas}) x gpus_per_replica "
+                        f"({w.gpus_per_replica}) exceeds flex pool {pool.name!r}: at most {fit} "
+                        f"such replicas fit ({pool.max_nodes} nodes x "
+                        f"{pool.gpus_per_node // w.gpus_per_replica} per node of "
+                        f"{pool.gpus_per_node} GPUs); the rest would stay Pending: lower "
+                        "max_replicas or raise the pool's max_nodes",
+                    )
+                )
+        return out
 
     def _check_production(self, found: Invariants) -> None:
         """Rules between ``production`` and the pools (the reserve as production's headroom).

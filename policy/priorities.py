@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from policy.base import DnsLabel, Invariants, StrictModel
+from policy.base import Invariants, PriorityClassName, StrictModel
 
 MAX_USER_PRIORITY = 1_000_000_000
 """Kubernetes reserves values above one billion for system-critical classes."""
@@ -15,8 +15,9 @@ MAX_USER_PRIORITY = 1_000_000_000
 class PriorityTier(StrictModel):
     """A PriorityClass."""
 
-    name: DnsLabel
-    """PriorityClass name that workloads reference in ``priorityClassName``."""
+    name: PriorityClassName
+    """PriorityClass name that workloads reference in ``priorityClassName`` (a DNS subdomain;
+    the ``system-`` prefix is Kubernetes')."""
     value: int = Field(ge=-MAX_USER_PRIORITY, le=MAX_USER_PRIORITY)
     """Scheduling priority; higher preempts lower."""
     preemption_policy: Literal["PreemptLowerPriority", "Never"]

@@ -9,12 +9,18 @@ workloads"). The rules that involve the node pools live on ``PoolPolicy``.
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, model_validator
 
-from policy.base import DnsLabel, Invariants, StrictModel
+from policy.base import (
+    DnsLabel,
+    Invariants,
+    ReplicaBound,
+    StrictModel,
+    is_label_key,
+    is_label_value,
+)
 
 ProductionKind = Literal["Deployment", "StatefulSet"]
 """Kinds a production reference may name (both ``apps/v1``, both with a pod template)."""
@@ -28,14 +34,6 @@ HPA_ONLY_FIELDS = (
     "scale_down_stabilization_s",
 )
 """Fields that only mean something when gpupool renders the HPA (``gpu_utilization``)."""
-
-# Same pattern as ``policy.pool._LABEL_KEY`` (that module imports this one, so it cannot be
-# imported from there): optional DNS-subdomain prefix and ``/``, then a name.
-_LABEL_KEY = re.compile(
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 class ProductionWorkload(StrictModel):
@@ -56,7 +54,7 @@ class ProductionWorkload(StrictModel):
     min_replicas: int = Field(1, ge=1)
     """Fewest replicas the workload runs (the HPA's ``minReplicas`` with
     ``gpu_utilization``); together these must fit the prod pool outside its reserve."""
-    max_replicas: int = Field(ge=1)
+    max_replicas: ReplicaBound
     """Most replicas the workload may reach (the HPA's ``maxReplicas`` with
     ``gpu_utilization``); together these must fit the prod and flex pools."""
     scale_on: ScaleOn = "fixed"
@@ -108,12 +106,12 @@ class ProductionWorkload(StrictModel):
             )
             for key, value in self.selector.items():
                 found.require(
-                    len(key) <= 317 and _LABEL_KEY.match(key) is not None,
+                    is_label_key(key),
                     "selector",
                     f"{key!r} is not a Kubernetes label key",
                 )
                 found.require(
-                    len(value) <= 63 and _LABEL_VALUE.match(value) is not None,
+                    is_label_value(value),
                     "selector",
                     f"{value!r} (label {key!r}) is not a Kubernetes label value",
                 )

@@ -24,8 +24,8 @@ class Tuner(StrictModel):
 
     webhook_token_secret: DnsLabel = "gpupool-tuner-webhook"
     """Secret (in ``cluster.system_namespace``) holding the webhook bearer token: the tuner
-    reads it as ``$GPUPOOL_TUNER_TOKEN``, Alertmanager as its receiver's ``credentials_file``
-    (list it in the Alertmanager resource's ``spec.secrets``)."""
+    reads it as a mounted file (``--token-file``), Alertmanager as its receiver's
+    ``credentials_file`` (list it in the Alertmanager resource's ``spec.secrets``)."""
     webhook_token_key: str = Field("token", pattern=_SECRET_KEY)
     """Key of the token inside ``webhook_token_secret``."""
     alertmanager_secrets_dir: str = Field("/etc/alertmanager/secrets", pattern=r"^/\S*[^/]$")
@@ -64,6 +64,19 @@ class Tuner(StrictModel):
         """The token file as Alertmanager sees it."""
         secret, key = self.webhook_token_secret, self.webhook_token_key
         return f"{self.alertmanager_secrets_dir}/{secret}/{key}"
+
+    def referenced_secrets(self) -> dict[str, str]:
+        """Field name -> Secret the tuner's pod reads in ``cluster.system_namespace`` (the git
+        and forge Secrets only when ``policy_repo_auth`` and ``forge_repo`` use them)."""
+        out = {
+            "webhook_token_secret": self.webhook_token_secret,
+            "compaction_token_secret": self.compaction_token_secret,
+        }
+        if self.policy_repo_auth != "none" and self.policy_repo_secret is not None:
+            out["policy_repo_secret"] = self.policy_repo_secret
+        if self.forge_repo is not None:
+            out["forge_token_secret"] = self.forge_token_secret
+        return out
 
     @model_validator(mode="after")
     def _auth_has_secret(self) -> Tuner:

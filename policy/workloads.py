@@ -7,7 +7,20 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from policy.base import DnsLabel, Invariants, Quantity, StrictModel
+from policy.base import (
+    DnsLabel,
+    DnsSubdomain,
+    Invariants,
+    Quantity,
+    ReplicaBound,
+    ServiceName,
+    StrictModel,
+)
+from policy.images import ImageReference
+
+AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
+"""PersistentVolumeClaim access modes vLLM can write to (``ReadOnlyMany`` cannot hold
+snapshots)."""
 
 
 class SnapshotVolume(StrictModel):
@@ -15,12 +28,25 @@ class SnapshotVolume(StrictModel):
 
     size: Quantity = "100Gi"
     """PersistentVolumeClaim request."""
-    storage_class: str = Field(min_length=1)
+    storage_class: DnsSubdomain
     """StorageClass; cluster-specific, so pool.yaml must name one (``kubectl get sc``)."""
-    access_mode: str = "ReadWriteMany"
-    """``ReadWriteMany`` lets a rescheduled replica on another node read the snapshot."""
+    access_mode: AccessMode = "ReadWriteMany"
+    """``ReadWriteMany`` lets a rescheduled replica on another node read the snapshot;
+    ``ReadWriteOnce``/``ReadWriteOncePod`` keep every replica on one node's volume."""
     mount_path: str = Field("/var/lib/gpupool/kv-snapshots", pattern=r"^/")
     """Where the volume is mounted in the vLLM container; root of vLLM's filesystem KV tier."""
+
+
+class ModelCache(StrictModel):
+    """Where vLLM keeps the downloaded weights (``HF_HOME``)."""
+
+    size: Quantity = "200Gi"
+    """Bound of the cache: the ``emptyDir``'s ``sizeLimit`` (the kubelet evicts a pod that
+    writes more), or the PersistentVolumeClaim's request. At least the model's weights."""
+    storage_class: DnsSubdomain | None = None
+    """Unset: a per-pod ``emptyDir`` (each new replica downloads the weights again). A
+    StorageClass with ReadWriteMany: one PVC ``<workload>-model-cache`` all replicas share,
+    so a replica that replaces an evicted one finds the weights already there."""
 
 
 class Resources(StrictModel):
@@ -52,6 +78,10 @@ _QUANTITY_FACTORS = {
 """Multipliers of Kubernetes quantity suffixes (decimal and binary)."""
 
 
+MAX_GPUS_PER_REPLICA = 16
+"""Most GPUs one flex replica (one vLLM tensor-parallel group, on one node) may take."""
+
+
 AttentionBackend = Literal["flash_attn", "triton", "flex", "cpu", "flashmla", "cutlass_mla"]
 """vLLM attention backends gpupool sizes blocks for; ``runtime.vllm.backends`` has their rules."""
 
@@ -59,21 +89,24 @@ AttentionBackend = Literal["flash_attn", "triton", "flex", "cpu", "flashmla", "c
 class FlexWorkload(StrictModel):
     """One vLLM deployment on the flex pool."""
 
-    name: DnsLabel
-    """Deployment, Service, PDB and HPA name."""
+    name: ServiceName
+    """Deployment, Service, PDB and HPA name: a DNS-1035 label (starts with a letter), short
+    enough that every name derived from it fits its limit (``<name>-kv-compaction`` is a
+    Service too; ``gpupool validate`` names the longest allowed)."""
     model: str = Field(min_length=1)
     """Model served (Hugging Face id or path inside the image / volume)."""
     hf_config: str = Field(min_length=1)
     """Hugging Face ``config.json`` of the model, relative to the policy file; sizes the KV."""
-    image: str = "vllm/vllm-openai:v0.32.0"
-    """Container image; gpupool targets the vLLM 0.32 API."""
+    image: ImageReference = "vllm/vllm-openai:v0.32.0"
+    """Container image; gpupool targets the vLLM 0.32 API. Pin it by digest
+    (``vllm/vllm-openai:v0.32.0@sha256:<digest>``): a tag-only image is a warning."""
     pool: DnsLabel = "gpu-flex"
     """Flex node pool the replicas run on."""
-    gpus_per_replica: int = Field(1, ge=1, le=16)
+    gpus_per_replica: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA)
     """``nvidia.com/gpu`` per replica; also vLLM's tensor-parallel size."""
     min_replicas: int = Field(1, ge=0)
     """HPA lower bound (0 needs the HPAScaleToZero feature gate; not supported)."""
-    max_replicas: int = Field(4, ge=1)
+    max_replicas: ReplicaBound = 4
     """HPA upper bound."""
     port: int = Field(8000, ge=1024, le=65535)
     """vLLM OpenAI server port."""
@@ -96,6 +129,12 @@ class FlexWorkload(StrictModel):
     keeps its default CUDA-graph mode."""
     snapshot_volume: SnapshotVolume
     """KV snapshot volume (cluster-specific storage class)."""
+    model_cache: ModelCache = ModelCache()
+    """The weights' cache: size-bounded per pod by default, or a shared persistent volume."""
+    hf_token_secret: DnsLabel | None = None
+    """Secret (in ``cluster.flex_namespace``, key ``token``) with a Hugging Face token for
+    gated models; mounted as a file that ``HF_TOKEN_PATH`` names, never an environment
+    variable. Unset: downloads are anonymous."""
 
     @model_validator(mode="after")
     def _bounds(self) -> FlexWorkload:

@@ -36,3 +36,30 @@ def metadata(
     if namespace is not None:
         out["namespace"] = namespace
     return out
+
+
+RETAINED_KINDS = frozenset({"Namespace", "PersistentVolumeClaim"})
+"""Kinds nothing gpupool drives ever deletes: a namespace holds the Secrets the operator
+created by hand, a claim holds data (KV snapshots, downloaded weights). Removing one from
+the policy, deleting the Argo CD Application or Flux Kustomization, or ``pulumi destroy``
+leaves it in the cluster; deleting it is a deliberate ``kubectl delete``."""
+
+RETAIN_ANNOTATIONS = {
+    # Prune=false: not deleted when it leaves the rendered set; Delete=false: not deleted
+    # with the Application. Argo CD reads both from one comma-separated value.
+    "argocd.argoproj.io/sync-options": "Prune=false,Delete=false",
+    # Flux never garbage-collects an object with this annotation (removed from the source or
+    # with its Kustomization).
+    "kustomize.toolkit.fluxcd.io/prune": "disabled",
+}
+"""The annotations by which Argo CD and Flux keep an object of ``RETAINED_KINDS``; the Pulumi
+program gives the same objects ``retain_on_delete`` (``infra.resources``)."""
+
+
+def retained(obj: Manifest) -> Manifest:
+    """``obj`` with the GitOps keep-annotations when its kind is in ``RETAINED_KINDS``."""
+    if obj["kind"] not in RETAINED_KINDS:
+        return obj
+    meta = obj["metadata"]
+    annotations = {**meta.get("annotations", {}), **RETAIN_ANNOTATIONS}
+    return {**obj, "metadata": {**meta, "annotations": annotations}}

@@ -1,9 +1,10 @@
-"""ServiceAccounts and least-privilege RBAC of gpupool's runtime components.
+"""ServiceAccounts of gpupool's pods: none of them talks to the Kubernetes API.
 
 The tuner changes the cluster only through git (it proposes policy PRs; GitOps applies
-them), so its ServiceAccount gets no Role and no API token. The KV compaction worker runs
-inside the flex vLLM pods and may only read pods in the flex namespace (to find its peers'
-snapshots); nothing else.
+them) and finds the compaction sidecars through DNS; vLLM and the compaction sidecar talk to
+each other over a socket and to the tuner over HTTP. So every ServiceAccount gets no Role,
+no RoleBinding and no API token (``automountServiceAccountToken: false`` here and on each
+pod): a compromised pod holds no credential to the API server.
 """
 
 from __future__ import annotations
@@ -14,52 +15,22 @@ from policy import PoolPolicy
 TUNER_SERVICE_ACCOUNT = "gpupool-tuner"
 """ServiceAccount (and Deployment, Service) name of the tuner."""
 
-COMPACTION_SERVICE_ACCOUNT = "gpupool-kv-compaction"
-"""ServiceAccount of the flex vLLM pods, where the KV compaction worker runs."""
-
-COMPACTION_VERBS = ("get", "list")
-"""Everything the compaction worker may do, on pods in the flex namespace only."""
+FLEX_SERVICE_ACCOUNT = "gpupool-flex-inference"
+"""ServiceAccount of the flex vLLM pods (vLLM and, with ``kv_compaction``, its sidecar); its
+own, so no flex pod runs as the namespace's ``default`` account."""
 
 
-def service_accounts_and_rbac(policy: PoolPolicy) -> list[Manifest]:
-    """Tuner and compaction ServiceAccounts, plus the compaction worker's Role and binding."""
-    flex = policy.cluster.flex_namespace
-
-    def role_meta() -> Manifest:
-        return metadata(COMPACTION_SERVICE_ACCOUNT, "kv-compaction", namespace=flex)
-
+def service_accounts(policy: PoolPolicy) -> list[Manifest]:
+    """The tuner's and the flex pods' ServiceAccounts, neither with an API token."""
     return [
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": metadata(
-                TUNER_SERVICE_ACCOUNT, "tuner", namespace=policy.cluster.system_namespace
-            ),
+            "metadata": metadata(name, component, namespace=namespace),
             "automountServiceAccountToken": False,
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": role_meta(),
-            "automountServiceAccountToken": True,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": role_meta(),
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": list(COMPACTION_VERBS)}],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": role_meta(),
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": COMPACTION_SERVICE_ACCOUNT,
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": COMPACTION_SERVICE_ACCOUNT, "namespace": flex}
-            ],
-        },
+        }
+        for name, component, namespace in (
+            (TUNER_SERVICE_ACCOUNT, "tuner", policy.cluster.system_namespace),
+            (FLEX_SERVICE_ACCOUNT, "flex-inference", policy.cluster.flex_namespace),
+        )
     ]

@@ -4,8 +4,9 @@ It reads Prometheus, proposes policy changes as git branches + PR text, and rece
 Alertmanager webhooks on ``cluster.tuner_port`` (the ``gpupool-tuner`` receiver in pool.yaml
 points at this Service). An init container clones ``tuner.policy_repo_url`` into the pod's
 volume with the runtime image's git (the tuner needs git anyway, so no second image). Every
-credential comes from a Secret referenced by name (``policy.tuner``); the bundle never holds
-one.
+credential comes from a Secret referenced by name (``policy.tuner``) and mounted as a file
+(never an environment variable, which ``kubectl describe``, crash dumps and child processes
+would show); the bundle never holds one.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ from typing import Any
 
 from infra.builders.meta import Manifest, metadata, selector_labels
 from infra.builders.rbac import TUNER_SERVICE_ACCOUNT
+from infra.builders.workload import pod_security, pull_secrets
 from policy import PoolPolicy
 from policy.tuner import Tuner
-from runtime.kvcache.sidecar import compaction_service_address
-from runtime.tuner.compaction import TOKEN_ENV as COMPACTION_TOKEN_ENV
-from runtime.tuner.forge import TOKEN_ENV as FORGE_TOKEN_ENV
-from runtime.tuner.webhook import TOKEN_ENV as WEBHOOK_TOKEN_ENV
+from runtime.kvcache.sidecar import COMPACTION_TOKEN_DIR, compaction_service_address
 
 STATE_PATH = "/var/lib/gpupool"
 """The pod's emptyDir; the clone is a directory inside it, so git creates (and owns) it."""
@@ -30,8 +29,17 @@ REPO_PATH = f"{STATE_PATH}/repo"
 GIT_SECRET_PATH = "/etc/gpupool/git"
 """Where the git credentials Secret (``tuner.policy_repo_secret``) is mounted."""
 
-TUNER_UID = 1000
-"""Non-root UID the tuner runs as."""
+WEBHOOK_TOKEN_DIR = "/etc/gpupool/webhook-token"
+"""Where the webhook token Secret (``tuner.webhook_token_secret``) is mounted."""
+
+FORGE_TOKEN_DIR = "/etc/gpupool/forge-token"
+"""Where the GitHub token Secret (``tuner.forge_token_secret``) is mounted."""
+
+TUNER_PORT = "http"
+"""Name of the tuner's container port (webhook, ``/metrics``, ``/healthz``)."""
+
+HEALTH_PATH = "/healthz"
+"""The tuner listener's health endpoint (readiness and liveness)."""
 
 TUNER_RESOURCES = {"cpu": "250m", "memory": "512Mi"}
 """Requests and limits of the tuner (it queries Prometheus and runs git; small and bursty)."""
@@ -85,6 +93,10 @@ def tuner_command(policy: PoolPolicy) -> list[str]:
         "tune",
         "--listen",
         f"0.0.0.0:{policy.cluster.tuner_port}",
+        "--token-file",
+        f"{WEBHOOK_TOKEN_DIR}/{settings.webhook_token_key}",
+        "--compaction-token-file",
+        f"{COMPACTION_TOKEN_DIR}/{settings.compaction_token_key}",
         "--prometheus",
         policy.cluster.prometheus_url,
         "--repo",
@@ -98,17 +110,26 @@ def tuner_command(policy: PoolPolicy) -> list[str]:
     ]
     if settings.forge_repo is not None:
         command += ["--open-pr", "--forge-repo", settings.forge_repo]
+        command += ["--forge-token-file", f"{FORGE_TOKEN_DIR}/{settings.forge_token_key}"]
     for workload in policy.workloads:
         if workload.kv_compaction:
             command += ["--compaction-service", compaction_service_address(policy, workload)]
     return command
 
 
-def _secret_env(name: str, secret: str, key: str, *, optional: bool = False) -> dict[str, Any]:
-    ref: dict[str, Any] = {"name": secret, "key": key}
-    if optional:
-        ref["optional"] = True
-    return {"name": name, "valueFrom": {"secretKeyRef": ref}}
+def token_secrets(settings: Tuner) -> list[tuple[str, str, str, bool]]:
+    """``(volume, Secret, mount directory, optional)`` of every token the tuner reads.
+
+    The compaction token is optional: without it the tuner runs and the sidecars refuse its
+    requests; once the Secret exists the kubelet fills the volume and the tuner reads the
+    file at its next cycle, so it may be created after the first deployment."""
+    out = [
+        ("webhook-token", settings.webhook_token_secret, WEBHOOK_TOKEN_DIR, False),
+        ("compaction-token", settings.compaction_token_secret, COMPACTION_TOKEN_DIR, True),
+    ]
+    if settings.forge_repo is not None:
+        out.append(("forge-token", settings.forge_token_secret, FORGE_TOKEN_DIR, False))
+    return out
 
 
 def git_env(settings: Tuner) -> list[dict[str, Any]]:
@@ -169,31 +190,25 @@ def clone_container(policy: PoolPolicy) -> Manifest:
 def tuner_container(policy: PoolPolicy) -> Manifest:
     """The ``gpupool tune --listen`` container; ready once its HTTP listener answers."""
     settings = policy.tuner
-    env = [
-        _secret_env(WEBHOOK_TOKEN_ENV, settings.webhook_token_secret, settings.webhook_token_key),
-        # optional: without the Secret the sidecars refuse the requests and the tuner logs it
-        _secret_env(
-            COMPACTION_TOKEN_ENV,
-            settings.compaction_token_secret,
-            settings.compaction_token_key,
-            optional=True,
-        ),
-        *git_env(settings),
+    probe = {"httpGet": {"path": HEALTH_PATH, "port": TUNER_PORT}}
+    tokens = [
+        {"name": volume, "mountPath": path, "readOnly": True}
+        for volume, _, path, _ in token_secrets(settings)
     ]
-    if settings.forge_repo is not None:
-        env.append(
-            _secret_env(FORGE_TOKEN_ENV, settings.forge_token_secret, settings.forge_token_key)
-        )
     return {
         "name": "tuner",
         "image": policy.cluster.runtime_image,
         "command": tuner_command(policy),
-        "env": env,
-        "ports": [{"name": "http", "containerPort": policy.cluster.tuner_port, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10},
+        "env": git_env(settings),
+        "ports": [
+            {"name": TUNER_PORT, "containerPort": policy.cluster.tuner_port, "protocol": "TCP"}
+        ],
+        "readinessProbe": probe | {"periodSeconds": 10},
+        # a listener that stops answering is restarted (the cycle loop runs beside it)
+        "livenessProbe": probe | {"periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 3},
         "resources": {"requests": dict(TUNER_RESOURCES), "limits": dict(TUNER_RESOURCES)},
         "securityContext": _container_security(),
-        "volumeMounts": _mounts(settings),
+        "volumeMounts": [*_mounts(settings), *tokens],
     }
 
 
@@ -203,14 +218,16 @@ def _volumes(settings: Tuner) -> list[dict[str, Any]]:
         {"name": "tmp", "emptyDir": {}},
     ]
     secret = _git_secret(settings)
+    # 0440 + fsGroup: readable by the tuner's group only (ssh refuses wider modes)
     if secret is not None:
         volumes.append(
-            {
-                "name": "git-credentials",
-                # 0440 + fsGroup: readable by the tuner's group only (ssh refuses wider modes)
-                "secret": {"secretName": secret, "defaultMode": 0o440},
-            }
+            {"name": "git-credentials", "secret": {"secretName": secret, "defaultMode": 0o440}}
         )
+    for volume, name, _, optional in token_secrets(settings):
+        source: dict[str, Any] = {"secretName": name, "defaultMode": 0o440}
+        if optional:
+            source["optional"] = True
+        volumes.append({"name": volume, "secret": source})
     return volumes
 
 
@@ -234,13 +251,8 @@ def tuner_deployment(policy: PoolPolicy) -> Manifest:
                 "spec": {
                     "serviceAccountName": TUNER_SERVICE_ACCOUNT,
                     "automountServiceAccountToken": False,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": TUNER_UID,
-                        "runAsGroup": TUNER_UID,
-                        "fsGroup": TUNER_UID,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    **pull_secrets(policy),
+                    "securityContext": pod_security(),
                     "initContainers": [clone_container(policy)],
                     "containers": [tuner_container(policy)],
                     "volumes": _volumes(policy.tuner),
@@ -265,6 +277,8 @@ def tuner_service(policy: PoolPolicy) -> Manifest:
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(TUNER_SERVICE_ACCOUNT),
-            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [
+                {"name": TUNER_PORT, "port": port, "targetPort": TUNER_PORT, "protocol": "TCP"}
+            ],
         },
     }

@@ -1,4 +1,5 @@
-"""One flex vLLM workload: Deployment, snapshot PVC, Service, PodDisruptionBudget and HPA.
+"""One flex vLLM workload: Deployment, snapshot PVC, Service, PodDisruptionBudget and HPA
+(and, with ``model_cache.storage_class``, the shared model-cache PVC).
 
 The HPA scales on ``catalogue.HPA_METRIC`` (``gpupool_flex_gpu_budget``), an External metric
 that prometheus-adapter serves from the recording rule ``catalogue.FLEX_GPU_BUDGET``
@@ -15,7 +16,7 @@ from typing import Literal
 
 from infra.builders.meta import Manifest, metadata, selector_labels
 from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
-from infra.builders.rbac import COMPACTION_SERVICE_ACCOUNT
+from infra.builders.rbac import FLEX_SERVICE_ACCOUNT
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
 from runtime.kvcache.sidecar import (
@@ -30,14 +31,34 @@ from runtime.kvcache.sidecar import (
 from runtime.metrics import catalogue
 
 CACHE_MOUNT_PATH = "/var/lib/gpupool/cache"
-"""Writable home for model downloads and compiler caches (the root filesystem is the image's)."""
+"""Writable ``HOME`` of the vLLM container: compiler and kernel caches (torch.compile, Triton,
+FlashInfer), per pod. The root filesystem is read-only."""
+
+CACHE_SIZE_LIMIT = "16Gi"
+"""``sizeLimit`` of that ``emptyDir``: compile caches are hundreds of MB; a runaway writer is
+evicted instead of filling the node's disk."""
+
+MODEL_CACHE_PATH = "/var/lib/gpupool/models"
+"""Mount point of the model cache (``workloads[].model_cache``); ``HF_HOME`` is below it."""
+
+TMP_SIZE_LIMIT = "4Gi"
+"""``sizeLimit`` of the vLLM container's ``/tmp`` (an ``emptyDir``, the root is read-only)."""
+
+HF_TOKEN_DIR = "/etc/gpupool/hf-token"
+"""Where ``hf_token_secret`` is mounted; ``HF_TOKEN_PATH`` names its ``token`` file
+(huggingface_hub reads the token from that file when ``HF_TOKEN`` is unset)."""
+
+HF_TOKEN_KEY = "token"
+"""Key of the Hugging Face token inside ``hf_token_secret``."""
 
 VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 """Entry point of the OpenAI-compatible server; the args come from ``runtime.vllm``."""
 
-NON_ROOT_UID = 1000
-"""UID/GID every container of a flex pod runs as (the upstream vLLM image defaults to root);
-one pod-level user, because the compaction sidecar and vLLM share a mode-0600 socket."""
+NON_ROOT_UID = 10001
+"""UID/GID every container gpupool renders runs as (the upstream vLLM image defaults to root;
+the runtime image's user has this UID): above the 0-9999 range of host and image users, so
+a container escape does not land on a real account. One pod-level user, because the
+compaction sidecar and vLLM share a mode-0600 socket."""
 
 HEALTH_PATH = "/health"
 """vLLM's health endpoint: 200 once the engine serves, 5xx when the engine died."""
@@ -86,6 +107,28 @@ def snapshot_claim_name(workload: FlexWorkload) -> str:
     return f"{workload.name}-kv-snapshots"
 
 
+def model_cache_claim_name(workload: FlexWorkload) -> str:
+    """Name of the workload's shared model-cache PersistentVolumeClaim."""
+    return f"{workload.name}-model-cache"
+
+
+def pod_security() -> Manifest:
+    """Pod ``securityContext`` of every pod gpupool renders (Pod Security ``restricted``)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "fsGroup": NON_ROOT_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def pull_secrets(policy: PoolPolicy) -> Manifest:
+    """``imagePullSecrets`` of a pod spec (``cluster.image_pull_secrets``); none: no field."""
+    names = policy.cluster.image_pull_secrets
+    return {"imagePullSecrets": [{"name": n} for n in names]} if names else {}
+
+
 def flex_workload(
     policy: PoolPolicy,
     workload: FlexWorkload,
@@ -94,8 +137,10 @@ def flex_workload(
 ) -> list[Manifest]:
     """Every object of one flex workload, in apply order."""
     compaction = [compaction_service(policy, workload)] if workload.kv_compaction else []
+    cache = [model_cache_claim(policy, workload)] if workload.model_cache.storage_class else []
     return [
         snapshot_claim(policy, workload),
+        *cache,
         deployment(policy, workload, vllm_args),
         service(policy, workload),
         *compaction,
@@ -125,6 +170,50 @@ def snapshot_claim(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
     }
 
 
+def model_cache_claim(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
+    """ReadWriteMany volume for ``HF_HOME`` that every replica shares: a replica that
+    replaces an evicted one loads the weights from it instead of downloading them again."""
+    cache = workload.model_cache
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(policy, model_cache_claim_name(workload), workload),
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": cache.storage_class,
+            "resources": {"requests": {"storage": cache.size}},
+        },
+    }
+
+
+def _volumes(workload: FlexWorkload) -> list[Manifest]:
+    """The vLLM container's volumes (the compaction sidecar adds its own)."""
+    models: Manifest = (
+        {"persistentVolumeClaim": {"claimName": model_cache_claim_name(workload)}}
+        if workload.model_cache.storage_class
+        else {"emptyDir": {"sizeLimit": workload.model_cache.size}}
+    )
+    volumes: list[Manifest] = [
+        {
+            "name": "kv-snapshots",
+            "persistentVolumeClaim": {"claimName": snapshot_claim_name(workload)},
+        },
+        {"name": "cache", "emptyDir": {"sizeLimit": CACHE_SIZE_LIMIT}},
+        {"name": "models", **models},
+        {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
+        # NCCL and vLLM's tensor-parallel workers share memory through /dev/shm.
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    if workload.hf_token_secret is not None:
+        volumes.append(
+            {
+                "name": "hf-token",
+                "secret": {"secretName": workload.hf_token_secret, "defaultMode": 0o440},
+            }
+        )
+    return volumes
+
+
 def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[str]) -> Manifest:
     """The vLLM Deployment: lowest priority, flex pool only, spread, drained on eviction.
 
@@ -151,15 +240,7 @@ def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[s
     pod_meta["labels"] |= selector
     del pod_meta["name"], pod_meta["namespace"]
     containers = [_vllm_container(policy, workload, vllm_args)]
-    volumes: list[Manifest] = [
-        {
-            "name": "kv-snapshots",
-            "persistentVolumeClaim": {"claimName": snapshot_claim_name(workload)},
-        },
-        {"name": "cache", "emptyDir": {}},
-        # NCCL and vLLM's tensor-parallel workers share memory through /dev/shm.
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-    ]
+    volumes = _volumes(workload)
     compaction: Manifest = {}
     if workload.kv_compaction:
         containers.append(compaction_sidecar(policy, workload))
@@ -180,18 +261,15 @@ def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[s
                 "metadata": pod_meta,
                 "spec": {
                     "priorityClassName": policy.priorities.idle_inference.name,
-                    "serviceAccountName": COMPACTION_SERVICE_ACCOUNT,
+                    "serviceAccountName": FLEX_SERVICE_ACCOUNT,
+                    # neither vLLM nor the sidecar calls the Kubernetes API
+                    "automountServiceAccountToken": False,
+                    **pull_secrets(policy),
                     "nodeSelector": {policy.cluster.pool_label: pool.name},
                     "tolerations": tolerations,
                     "affinity": {"podAntiAffinity": _anti_affinity(policy, selector)},
                     "terminationGracePeriodSeconds": policy.disruption.termination_grace_s,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": NON_ROOT_UID,
-                        "runAsGroup": NON_ROOT_UID,
-                        "fsGroup": NON_ROOT_UID,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    "securityContext": pod_security(),
                     **compaction,
                     "containers": containers,
                     "volumes": volumes,
@@ -230,8 +308,13 @@ def _vllm_container(
         "ports": [{"name": HTTP_PORT, "containerPort": workload.port, "protocol": "TCP"}],
         "env": [
             {"name": "HOME", "value": CACHE_MOUNT_PATH},
-            {"name": "HF_HOME", "value": f"{CACHE_MOUNT_PATH}/huggingface"},
+            {"name": "HF_HOME", "value": f"{MODEL_CACHE_PATH}/huggingface"},
             {"name": "GPUPOOL_KV_SNAPSHOT_DIR", "value": workload.snapshot_volume.mount_path},
+            *(
+                [{"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"}]
+                if workload.hf_token_secret is not None
+                else []
+            ),
             *(vllm_plugin_env() if plugin else []),
         ],
         "resources": {"requests": dict(limits), "limits": limits},
@@ -246,13 +329,22 @@ def _vllm_container(
         | {"periodSeconds": LIVENESS_PERIOD_S, "failureThreshold": LIVENESS_FAILURES},
         "securityContext": {
             "allowPrivilegeEscalation": False,
+            # writes go to the volumes below only: HOME, HF_HOME, /tmp, /dev/shm, snapshots
+            "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
             "capabilities": {"drop": ["ALL"]},
         },
         "volumeMounts": [
             {"name": "kv-snapshots", "mountPath": workload.snapshot_volume.mount_path},
             {"name": "cache", "mountPath": CACHE_MOUNT_PATH},
+            {"name": "models", "mountPath": MODEL_CACHE_PATH},
+            {"name": "tmp", "mountPath": "/tmp"},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *(
+                [{"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": True}]
+                if workload.hf_token_secret is not None
+                else []
+            ),
             *(vllm_plugin_mounts() if plugin else []),
         ],
     }

@@ -28,7 +28,7 @@ RUN pip install --no-cache-dir . \
     && rm -rf /src /opt/gpupool/vllm-plugin/bin
 
 # Non-root, numeric so `runAsNonRoot` can verify it; the pods run as this UID too.
-RUN useradd --uid 1000 --user-group --create-home gpupool
-USER 1000
+RUN useradd --uid 10001 --user-group --create-home gpupool
+USER 10001
 WORKDIR /home/gpupool
 ENTRYPOINT ["gpupool"]

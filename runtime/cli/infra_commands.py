@@ -12,22 +12,18 @@ from rich.table import Table as RichTable
 
 from infra.builders.nodepools import Target
 from infra.builders.workload import HpaTolerance
-from infra.bundle import build_bundle
 from infra.diff import diff_documents
 from infra.inputs import load_inputs
-from infra.output import write_documents
-from infra.pipeline import render_policy_file
-from infra.render import fragment_documents, render_documents
+from infra.output import OutputError, WriteResult, write_documents
+from infra.pipeline import render_inputs, render_policy_file
 from infra.summary import summarize
 from policy import DEFAULT_POLICY
-from runtime.cli.errors import reported_errors
+from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.policy_commands import PolicyFile, policy_file, print_warnings
 from runtime.cli.whatif_commands import replay_demo
 
 console = Console(highlight=False)
 
-PolicyFile = Annotated[
-    Path, typer.Argument(help="Policy file (default: the embedded policy/pool.yaml).")
-]
 TargetOption = Annotated[
     Target,
     typer.Option("--target", "-t", help="Node-pool target: labels (existing nodes) or karpenter."),
@@ -43,15 +39,18 @@ OutOption = Annotated[Path, typer.Option("--out", "-o", help="Directory to write
 
 
 def render(
-    file: PolicyFile = DEFAULT_POLICY,
+    file: PolicyFile = None,
     out: OutOption = Path("build"),
     target: TargetOption = "labels",
     hpa_tolerance: ToleranceOption = "cluster",
 ) -> None:
-    """Write every object as YAML, one file each, byte-identical for the same policy."""
+    """Write every object as YAML, one file each, byte-identical for the same policy; the
+    directory is replaced whole (files gpupool did not write are kept)."""
     with reported_errors():
-        documents = render_policy_file(file, target=target, hpa_tolerance=hpa_tolerance)
-        result = write_documents(out, documents)
+        inputs = load_inputs(policy_file(file))
+        documents = render_inputs(inputs, target=target, hpa_tolerance=hpa_tolerance).documents
+        result = _write(out, documents)
+    print_warnings(inputs)
     console.print(
         f"{out}: {len(documents)} files ({len(result.written)} written, "
         f"{len(result.unchanged)} unchanged, {len(result.removed)} stale removed)",
@@ -61,7 +60,14 @@ def render(
 
 def diff(
     old: Annotated[Path, typer.Argument(help="Policy before the change.")],
-    new: Annotated[Path, typer.Argument(help="Policy after the change.")],
+    new: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Policy after the change (default: ./policy/pool.yaml if it exists, "
+            "else the packaged one).",
+            show_default=False,
+        ),
+    ] = None,
     target: TargetOption = "labels",
     hpa_tolerance: ToleranceOption = "cluster",
     exit_code: Annotated[
@@ -72,7 +78,7 @@ def diff(
     with reported_errors():
         text = diff_documents(
             render_policy_file(old, target=target, hpa_tolerance=hpa_tolerance),
-            render_policy_file(new, target=target, hpa_tolerance=hpa_tolerance),
+            render_policy_file(policy_file(new), target=target, hpa_tolerance=hpa_tolerance),
         )
     typer.echo(text or "no differences", nl=not text)
     if text and exit_code:
@@ -92,9 +98,11 @@ def demo(
     replay the bundled traces through its closed loop (pooled vs fixed topology)."""
     with reported_errors():
         inputs = load_inputs(DEFAULT_POLICY)
-        objects = build_bundle(inputs.policy, target=target, vllm_args=inputs.vllm_args)
+        rendered = render_inputs(inputs, target=target)
+        objects = rendered.objects
         folder = out or Path(tempfile.mkdtemp(prefix="gpupool-demo-"))
-        write_documents(folder, render_documents(objects) | fragment_documents(inputs.policy))
+        _write(folder, rendered.documents)
+    print_warnings(inputs)
     for table in summarize(inputs.policy, objects):
         rich_table = RichTable(*table.columns, title=table.title, title_justify="left")
         for row in table.rows:
@@ -105,6 +113,14 @@ def demo(
         markup=False,
     )
     replay_demo(whatif_out)
+
+
+def _write(out: Path, documents: dict[str, str]) -> WriteResult:
+    """``write_documents``, its refusal reported as one line like every domain error."""
+    try:
+        return write_documents(out, documents)
+    except OutputError as exc:
+        raise UsageProblem(str(exc)) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,8 @@
-"""``validate`` and ``schema``: check a policy file and publish its JSON Schema for editors."""
+"""``validate`` and ``schema``: check a policy file and publish its JSON Schema for editors.
+
+``policy_file`` is how ``validate``, ``render`` and ``diff`` pick the policy when FILE is
+omitted, so all three read the same one.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +13,55 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from policy import DEFAULT_POLICY, PoolPolicy, load_policy
-from runtime.cli.errors import reported_errors
+from infra.inputs import BundleInputs, load_inputs
+from policy import DEFAULT_POLICY, PoolPolicy
+from runtime.cli.errors import err_console, reported_errors
 
 console = Console(highlight=False)
 
+LOCAL_POLICY = Path("policy/pool.yaml")
+"""A policy repository's own policy, relative to the current directory."""
+
 PolicyFile = Annotated[
-    Path, typer.Argument(help="Policy file (default: the embedded policy/pool.yaml).")
+    Path | None,
+    typer.Argument(
+        help="Policy file (default: ./policy/pool.yaml if it exists, else the packaged one).",
+        show_default=False,
+    ),
 ]
 
 
-def validate(file: PolicyFile = DEFAULT_POLICY) -> None:
-    """Check a policy file; print every problem as FILE:LINE: field: message."""
+def policy_file(file: Path | None) -> Path:
+    """``file`` when given; else ``./policy/pool.yaml`` when it exists (the user's repository),
+    else the packaged default. An omitted FILE is named on stderr, so nobody validates or
+    renders the packaged example believing it is theirs."""
+    if file is not None:
+        return file
+    if LOCAL_POLICY.exists():
+        err_console.print(f"policy: {LOCAL_POLICY} (from the current directory)", markup=False)
+        return LOCAL_POLICY
+    err_console.print(
+        f"policy: {DEFAULT_POLICY} (the packaged default; no {LOCAL_POLICY} here)", markup=False
+    )
+    return DEFAULT_POLICY
+
+
+def print_warnings(inputs: BundleInputs) -> None:
+    """What is valid but probably not meant, one located line each, on stderr (exit 0)."""
+    for warning in inputs.warnings:
+        err_console.print(str(warning), markup=False)
+
+
+def validate(file: PolicyFile = None) -> None:
+    """Check a policy file and the model configs it names, exactly as ``render`` does; print
+    every problem as FILE:LINE: field: message (warnings too, on stderr, exit 0)."""
+    path = policy_file(file)
     with reported_errors():
-        policy = load_policy(file)
+        inputs = load_inputs(path)
+    print_warnings(inputs)
+    policy = inputs.policy
     console.print(
-        f"{file}: ok ({len(policy.node_pools)} node pools, {len(policy.workloads)} flex workloads)",
+        f"{path}: ok ({len(policy.node_pools)} node pools, {len(policy.workloads)} flex workloads)",
         markup=False,
     )
 

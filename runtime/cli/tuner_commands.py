@@ -36,13 +36,27 @@ def _listen_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _secret(option: str, path: Path | None, env: str) -> str:
+    """A token from ``path`` (a mounted Secret's file, what the Deployment passes) or, without
+    one, from ``$env``; "" when neither holds one."""
+    if path is None:
+        return os.environ.get(env, "").strip()
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise UsageProblem(f"{option} {path}: {exc}") from None
+
+
+def optional_secret(option: str, path: Path | None, env: str) -> str | None:
+    """Like ``_secret`` for a Secret that may not exist yet: a missing file is no token (the
+    kubelet fills an optional Secret's volume once it is created); read at every use."""
+    if path is not None and not path.exists():
+        return None
+    return _secret(option, path, env) or None
+
+
 def _token(token_file: Path | None) -> str:
-    if token_file is not None:
-        try:
-            return token_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise UsageProblem(f"--token-file {token_file}: {exc}") from None
-    token = os.environ.get(TOKEN_ENV, "").strip()
+    token = _secret("--token-file", token_file, TOKEN_ENV)
     if not token:
         raise UsageProblem(
             f"--listen needs a bearer token: set {TOKEN_ENV} or pass --token-file "
@@ -84,12 +98,24 @@ def tune(
         list[str] | None,
         typer.Option(
             help="HOST:PORT of a headless Service of compaction sidecars; the request goes to "
-            "every address it resolves to (repeatable). Token: $GPUPOOL_COMPACTION_TOKEN."
+            "every address it resolves to (repeatable). Token: --compaction-token-file."
         ),
     ] = None,
     token_file: Annotated[
         Path | None,
         typer.Option(help=f"File with the webhook bearer token (default: ${TOKEN_ENV})."),
+    ] = None,
+    compaction_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="File with the shared compaction token, read every cycle; while it does not "
+            "exist (an optional Secret not created yet) requests go without a token "
+            "(default: $GPUPOOL_COMPACTION_TOKEN)."
+        ),
+    ] = None,
+    forge_token_file: Annotated[
+        Path | None,
+        typer.Option(help="File with the GitHub token of --open-pr (default: $GITHUB_TOKEN)."),
     ] = None,
     open_pr: Annotated[
         bool,
@@ -136,9 +162,13 @@ def tune(
         if open_pr:
             if forge_repo is None:
                 raise UsageProblem("--open-pr needs --forge-repo OWNER/NAME")
-            forge_options = ForgeOptions(
-                repository=forge_repo, token=os.environ.get(forge.TOKEN_ENV, "")
-            )
+            token = _secret("--forge-token-file", forge_token_file, forge.TOKEN_ENV)
+            if not token:
+                raise UsageProblem(
+                    f"--open-pr needs a GitHub token: pass --forge-token-file FILE or set "
+                    f"${forge.TOKEN_ENV}"
+                )
+            forge_options = ForgeOptions(repository=forge_repo, token=token)
             forge.build_pull_request(  # fail before any side effect on a bad repo or token
                 api_url=forge_options.api_url,
                 repository=forge_repo,
@@ -163,7 +193,9 @@ def tune(
                 dry_run=dry_run,
                 compaction_url=compaction_url,
                 compaction_services=compaction_service or (),
-                compaction_token=os.environ.get(compaction.TOKEN_ENV) or None,
+                compaction_token=optional_secret(
+                    "--compaction-token-file", compaction_token_file, compaction.TOKEN_ENV
+                ),
                 forge_options=forge_options,
             )
             for line in report.lines():

@@ -17,6 +17,7 @@ from rich.table import Table
 from infra.builders.workload import HPA_TOLERANCES
 from policy import DEFAULT_POLICY, load_policy
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.sim import markdown, output
 from runtime.sim.gitrefs import RefError, policy_at
 from runtime.sim.options import DEMO, Options, build_whatif
@@ -38,12 +39,6 @@ DOMAIN_ERRORS = (
     KvPlanError,
     BackendError,
 )
-LOCAL_POLICY = Path("policy/pool.yaml")
-
-
-def default_policy() -> Path:
-    """``./policy/pool.yaml`` in a policy repository, else the embedded default."""
-    return LOCAL_POLICY if LOCAL_POLICY.is_file() else DEFAULT_POLICY
 
 
 def replay(policy_file: Path, options: Options, label: str) -> Result:
@@ -184,8 +179,7 @@ def whatif(
                 raise UsageProblem("use either --policy or --base/--head")
             _compare(repo, policy_path, base, head, options, json_out, plots, markdown_out)
             return
-        file = policy_file or default_policy()
-        console.print(f"policy: {file}", markup=False)
+        file = resolve_policy_file(policy_file)
         result = replay(file, options, str(file))
         names = write_outputs(result, json_out=json_out, plots=plots, markdown_out=markdown_out)
     print_summary(result, f"What-if: {file}, {result.pooled.hours:g} h")

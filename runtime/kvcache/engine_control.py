@@ -3,8 +3,13 @@
 The controller plans on the scheduler's ``BlockPool``, has every worker copy the blocks and
 rename ids in its block tables (``collective_rpc`` by method name), then renames the ids on
 the scheduler side. A shrink packs everything below the new size first and refuses if that
-did not succeed; a grow widens the worker buffers before the scheduler may hand out the new
-ids. Callers must hold the engine between steps (the plugin's step lock or a utility call).
+did not succeed. Shrink and grow resize every worker before the scheduler's pool changes (a
+shrink's workers still hold every occupied block, a grow's ids exist before they are used).
+A pass is transactional: the plan is checked first, and a worker that fails a relocation or
+resize has every rank put back while the scheduler stays as it was (status ``failed``).
+Callers run it between steps on the engine's thread (``plugin.on_engine_thread``).
+An engine the plugin cannot handle safely (``support``: a KV connector, several KV cache
+groups, shared KV) has every compact, shrink and grow refused with the reason.
 """
 
 from __future__ import annotations
@@ -26,16 +31,40 @@ from runtime.kvcache.planner import (
     plan_moves,
 )
 from runtime.kvcache.saturation import deferral_reason
+from runtime.kvcache.support import engine_refusal
 
 RELOCATE_RPC = "gpupool_kv_relocate"
 """Worker method (added by the plugin) that copies blocks and renames block-table ids."""
 RESIZE_RPC = "gpupool_kv_resize"
 """Worker method (added by the plugin) that re-binds the KV views to a resized buffer."""
+ROLLBACK_RPC = "gpupool_kv_rollback"
+"""Worker method (added by the plugin) that undoes a rank's renames of a failed pass."""
+SUPPORT_RPC = "gpupool_kv_support"
+"""Worker method (added by the plugin): why this worker's KV cannot be relocated, or None."""
+
+
+def refusal(core: Any, kv_cache_config: Any) -> str | None:
+    """Why the plugin must leave this engine's KV cache alone (``support``), asking every
+    worker too; None when it may compact, shrink and grow it."""
+    reason = engine_refusal(core.vllm_config.kv_transfer_config, kv_cache_config)
+    if reason is not None:
+        return reason
+    ranks = core.model_executor.collective_rpc(SUPPORT_RPC)
+    return next((r for r in ranks if r is not None), None)
+
+
+class PassFailed(RuntimeError):
+    """A worker failed a relocation; every rank was rolled back, the scheduler untouched."""
+
+
+class WorkersInconsistent(RuntimeError):
+    """A rollback failed too: the workers' block tables no longer match the scheduler's.
+    The engine must not serve on; the pod restarts."""
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one request did; ``status`` is done, deferred, refused or noop."""
+    """What one request did; ``status`` is done, deferred, refused, failed or noop."""
 
     status: str
     reason: str = ""
@@ -56,6 +85,8 @@ class EngineController:
         self.metrics = CompactionMetrics(registry or CollectorRegistry())
         self.original_blocks = self._manager().block_pool.num_gpu_blocks
         self.original_bytes: int | None = None
+        self.refusal = refusal(core, core.scheduler.kv_cache_config)
+        """Set once: why every compact, shrink and grow of this engine is refused."""
         self._refresh_gauges()
 
     def _manager(self) -> Any:
@@ -77,6 +108,7 @@ class EngineController:
             "num_waiting": self.core.scheduler.get_num_unfinished_requests()
             - len(self.core.scheduler.running),
             "num_running": len(self.core.scheduler.running),
+            "refusal": self.refusal,
         }
 
     def metrics_text(self) -> str:
@@ -94,8 +126,24 @@ class EngineController:
         )
 
     def _relocate(self, moves: list[Move], strategy: Strategy) -> int:
+        """One transactional pass: the plan is checked against the scheduler's pool, every
+        rank copies and renames, and only then the scheduler renames; a rank that fails has
+        every rank roll back and leaves the scheduler as it was."""
+        scheduler_side.check_moves(self._manager().block_pool, moves)
         pairs = [(m.src, m.dst) for m in moves]
-        copied = self.core.model_executor.collective_rpc(RELOCATE_RPC, args=(pairs, strategy))
+        executor = self.core.model_executor
+        try:
+            copied = executor.collective_rpc(RELOCATE_RPC, args=(pairs, strategy))
+        except Exception as failure:
+            try:
+                executor.collective_rpc(ROLLBACK_RPC, args=(pairs,))
+            except Exception as exc:
+                raise WorkersInconsistent(
+                    f"a worker failed a relocation ({failure}) and the rollback failed ({exc})"
+                ) from exc
+            raise PassFailed(
+                f"a worker failed the relocation ({failure}); every rank rolled back"
+            ) from failure
         scheduler_side.relocate(self._manager(), moves)
         return int(copied[0])
 
@@ -116,7 +164,11 @@ class EngineController:
         if not moves:
             self.metrics.compactions.labels("noop").inc()
             return self._outcome("noop", "already packed below the watermark")
-        copied = self._relocate(moves, limits.strategy)
+        try:
+            copied = self._relocate(moves, limits.strategy)
+        except (scheduler_side.PoolStateError, PassFailed) as exc:
+            self.metrics.compactions.labels("failed").inc()
+            return self._outcome("failed", str(exc))
         pause = time.perf_counter() - started
         self.metrics.compactions.labels("done").inc()
         self.metrics.blocks_moved.inc(len(moves))
@@ -147,17 +199,41 @@ class EngineController:
             return self._outcome("refused", reason)
         scheduler_side.evict_cached(self._manager().block_pool, num_blocks - 1)
         packed = self.compact(limits, watermark=num_blocks)
-        if packed.status in ("deferred", "refused"):
+        if packed.status in ("deferred", "refused", "failed"):
             return packed
         occ = scheduler_side.occupancy(self._manager().block_pool)
         left = [b for b in occ.occupied if b >= num_blocks]
         if left:
             reason = f"{len(left)} occupied blocks still at or above {num_blocks}; shrink later"
             return self._outcome("refused", reason, packed.blocks_moved, packed.bytes_moved)
+        try:
+            resized = self._resize_workers(num_blocks, current)
+        except PassFailed as exc:
+            self.metrics.compactions.labels("failed").inc()
+            return self._outcome("failed", str(exc), packed.blocks_moved, packed.bytes_moved)
         scheduler_side.shrink(self._manager(), self.core.scheduler, num_blocks)
-        resized = self.core.model_executor.collective_rpc(RESIZE_RPC, args=(num_blocks,))[0]
         self.metrics.resizes.labels("shrink").inc()
         return self._resized(resized, started, packed)
+
+    def _resize_workers(self, num_blocks: int, current: int) -> dict[str, int]:
+        """Every rank re-binds to ``num_blocks`` before the scheduler's pool changes; if one
+        fails, every rank goes back to ``current`` (the blocks beyond the smaller size are
+        free, so nothing is lost) and the scheduler's pool stays as it was."""
+        executor = self.core.model_executor
+        try:
+            return dict(executor.collective_rpc(RESIZE_RPC, args=(num_blocks,))[0])
+        except Exception as failure:
+            try:
+                executor.collective_rpc(RESIZE_RPC, args=(current,))
+            except Exception as exc:
+                raise WorkersInconsistent(
+                    f"a worker failed a resize to {num_blocks} ({failure}) and the resize "
+                    f"back to {current} failed ({exc})"
+                ) from exc
+            raise PassFailed(
+                f"a worker failed the resize to {num_blocks} ({failure}); every rank is back "
+                f"at {current}"
+            ) from failure
 
     def grow(self, num_blocks: int | None = None) -> Outcome:
         """Widen the pool back towards the size the engine started with."""
@@ -171,7 +247,11 @@ class EngineController:
             )
         if target == current:
             return self._outcome("noop", "pool already at the requested size")
-        resized = self.core.model_executor.collective_rpc(RESIZE_RPC, args=(target,))[0]
+        try:
+            resized = self._resize_workers(target, current)
+        except PassFailed as exc:
+            self.metrics.compactions.labels("failed").inc()
+            return self._outcome("failed", str(exc))
         scheduler_side.grow(self._manager(), self.core.scheduler, target)
         self.metrics.resizes.labels("grow").inc()
         return self._resized(resized, started, Outcome("done"))
@@ -218,6 +298,9 @@ class EngineController:
             return self.status()
         if op == "metrics":
             return {"text": self.metrics_text()}
+        if op in ("compact", "shrink", "grow") and self.refusal is not None:
+            self.metrics.compactions.labels("refused").inc()
+            return asdict(self._outcome("refused", self.refusal))
         if op == "grow":
             return asdict(self.grow(args.get("num_blocks")))
         if op not in ("compact", "shrink"):

@@ -12,7 +12,7 @@ class CompactionMetrics:
         self.registry = registry
         self.compactions = Counter(
             "gpupool_kv_compactions",
-            "Compaction requests by outcome (done, deferred, refused).",
+            "Compaction requests by outcome (done, deferred, refused, failed, noop).",
             ["outcome"],
             registry=registry,
         )

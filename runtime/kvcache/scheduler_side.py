@@ -94,15 +94,29 @@ def _block_keys(pool: BlockPool, block: KVCacheBlock) -> list[Any]:
     return keys
 
 
-def relocate(manager: KVCacheManager, moves: Sequence[Move]) -> None:
-    """Give each moved block the id of its destination; the data must already be copied."""
-    pool = manager.block_pool
+def check_moves(pool: BlockPool, moves: Sequence[Move]) -> None:
+    """Refuse a plan the pool cannot take, before anything is copied or renamed: every move
+    inside the pool and off the null block, sources occupied, destinations free, no id used
+    twice (so sources and destinations are disjoint and the copy order does not matter)."""
+    ids = [i for m in moves for i in (m.src, m.dst)]
+    if len(set(ids)) != len(ids):
+        raise PoolStateError("a block id appears twice in the plan")
     for move in moves:
+        if not all(0 <= i < pool.num_gpu_blocks for i in move):
+            raise PoolStateError(f"move {move} is outside the pool of {pool.num_gpu_blocks}")
         src, dst = pool.blocks[move.src], pool.blocks[move.dst]
         if NULL_BLOCK in move or src.is_null or dst.is_null:
             raise PoolStateError(f"move {move} touches the null block")
         if _is_occupied(pool, dst) or not _is_occupied(pool, src):
             raise PoolStateError(f"move {move}: source must be occupied, destination free")
+
+
+def relocate(manager: KVCacheManager, moves: Sequence[Move]) -> None:
+    """Give each moved block the id of its destination; the data must already be copied."""
+    pool = manager.block_pool
+    check_moves(pool, moves)
+    for move in moves:
+        src, dst = pool.blocks[move.src], pool.blocks[move.dst]
         cache = pool.cached_block_hash_to_block._cache
         for key in _block_keys(pool, src):
             entry = cache.get(key)

@@ -52,19 +52,43 @@ def _layer_views(runner: Any) -> dict[str, torch.Tensor]:
 def relocate(runner: Any, moves: list[Move], strategy: Strategy = "runs") -> int:
     """Copy each move's block in every layer, then rename ids in all block tables."""
     _require_v1_runner(runner)
-    copied = BlockMover(runner.kv_caches, strategy).move(moves)
+    mover = BlockMover(runner.kv_caches, strategy, num_blocks=runner.kv_cache_config.num_blocks)
+    copied = mover.move(moves)
+    rename(runner, moves)
+    return copied
+
+
+def rename(runner: Any, moves: list[Move]) -> None:
+    """Rewrite ids ``src -> dst`` in every block table: each request's
+    ``CachedRequestState.block_ids`` (what its rows are rebuilt from when it is scheduled
+    again) and the persistent batch's rows. Ids the lookup does not cover pass through."""
     if not moves:
-        return copied
-    lookup = np.arange(runner.kv_cache_config.num_blocks, dtype=np.int64)
+        return
+    tables = [table.block_table.np for table in runner.input_batch.block_table.block_tables]
+    highest = max(
+        runner.kv_cache_config.num_blocks - 1,
+        *(i for m in moves for i in m),
+        *(int(rows.max(initial=0)) for rows in tables),
+        *(max(ids, default=0) for s in runner.requests.values() for ids in s.block_ids),
+    )
+    lookup = np.arange(highest + 1, dtype=np.int64)
     for move in moves:
         lookup[move.src] = move.dst
     for state in runner.requests.values():
         for ids in state.block_ids:
             ids[:] = lookup[np.asarray(ids, dtype=np.int64)].tolist()
-    for table in runner.input_batch.block_table.block_tables:
-        rows = table.block_table.np
+    for rows in tables:
         rows[:] = lookup[rows]
-    return copied
+
+
+def rollback(runner: Any, moves: list[Move]) -> None:
+    """Undo this rank's ``rename`` of a pass that failed somewhere: ``dst -> src``.
+
+    Destinations were free before the pass, so no table held them: only ids this rank
+    renamed are renamed back, and a rank that never renamed is left as it is. The copies
+    into the destinations are never read (the scheduler still counts them free)."""
+    _require_v1_runner(runner)
+    rename(runner, [Move(m.dst, m.src) for m in moves])
 
 
 def resident_bytes() -> int:

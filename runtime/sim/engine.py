@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 from infra.builders.workload import HpaTolerance, autoscaler
 from policy.base import duration_seconds
 from policy.pool import PoolPolicy
+from policy.priorities import PriorityTier
 from policy.workloads import FlexWorkload
 from runtime.sim.budget import (
     ExporterView,
@@ -457,28 +458,33 @@ class _PooledLoop:
 
     def _production_pod(self, g: ProductionGroup, now: float, startup: float) -> Callable[[], Pod]:
         prio = self.policy.priorities.production
-        return lambda: self.cluster.create(
-            owner=g.owner,
-            production=True,
-            gpus=g.gpus_per_replica,
-            priority=prio.value,
-            may_preempt=prio.preemption_policy == "PreemptLowerPriority",
-            pools=self.prod_pools,
-            now=now,
-            startup_s=startup,
-        )
+        return self._pod(g.owner, True, g.gpus_per_replica, prio, self.prod_pools, now, startup)
 
     def _flex_pod(self, w: FlexWorkload, now: float) -> Callable[[], Pod]:
         prio = self.policy.priorities.idle_inference
+        startup = self.settings.flex_startup_s
+        return self._pod(w.name, False, w.gpus_per_replica, prio, (w.pool,), now, startup)
+
+    def _pod(
+        self,
+        owner: str,
+        production: bool,
+        gpus: int,
+        prio: PriorityTier,
+        pools: tuple[str, ...],
+        now: float,
+        startup: float,
+    ) -> Callable[[], Pod]:
+        """What the ReplicaSet controller creates for ``owner``: one pending pod."""
         return lambda: self.cluster.create(
-            owner=w.name,
-            production=False,
-            gpus=w.gpus_per_replica,
+            owner=owner,
+            production=production,
+            gpus=gpus,
             priority=prio.value,
             may_preempt=prio.preemption_policy == "PreemptLowerPriority",
-            pools=(w.pool,),
+            pools=pools,
             now=now,
-            startup_s=self.settings.flex_startup_s,
+            startup_s=startup,
         )
 
     def _replicas(self, owner: str, want: int, now: float, make: Callable[[], Pod]) -> None:

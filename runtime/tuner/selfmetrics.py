@@ -17,6 +17,7 @@ class TunerMetrics:
     fail_closed: Counter
     compaction_requests: Counter
     notifications: Counter
+    webhook_rejected: Counter
     query_seconds: Histogram
     last_cycle: Gauge
 
@@ -49,9 +50,17 @@ class TunerMetrics:
             ),
             notifications=Counter(
                 "gpupool_tuner_notifications",
-                "Alertmanager notifications, by outcome (triggered, duplicate, resolved, "
-                "unauthorized, invalid).",
+                "Accepted Alertmanager notifications, by outcome (triggered, duplicate, "
+                "resolved); refused ones are in gpupool_tuner_webhook_rejected_total.",
                 ["outcome"],
+                registry=r,
+            ),
+            webhook_rejected=Counter(
+                "gpupool_tuner_webhook_rejected",
+                "Requests the webhook refused or dropped, by reason (unauthorized, "
+                "length_required, bad_length, too_large, truncated, too_deep, malformed, "
+                "invalid, protocol, timeout, busy).",
+                ["reason"],
                 registry=r,
             ),
             query_seconds=Histogram(

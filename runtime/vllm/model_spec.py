@@ -105,7 +105,11 @@ def load_model_spec(path: Path) -> ModelSpec:
     try:
         document = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ModelConfigError(str(file), "<file>", "file not found") from None
+        raise ModelConfigError(
+            str(file),
+            "<file>",
+            "file not found (expected a Hugging Face config.json, or a directory holding one)",
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelConfigError(str(file), "<file>", f"cannot read file: {exc}") from None
     except json.JSONDecodeError as exc:

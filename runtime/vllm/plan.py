@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policy import PoolPolicy
-from policy.workloads import AttentionBackend, FlexWorkload
+from policy.workloads import MAX_GPUS_PER_REPLICA, AttentionBackend, FlexWorkload
 from runtime.vllm.backends import BlockRule, block_rule, check_block_size
 from runtime.vllm.model_spec import ModelSpec
 
@@ -20,7 +20,14 @@ GIB = 1024**3
 
 
 class KvPlanError(ValueError):
-    """Policy, model and GPU do not fit together; says which values and which limit."""
+    """Policy, model and GPU do not fit together; says which values and which limit.
+
+    ``field`` is the workload field to change (``max_model_len``, ``gpus_per_replica``,
+    ``resources.memory``), so ``infra.inputs`` can point at its line in pool.yaml."""
+
+    def __init__(self, message: str, field: str) -> None:
+        self.field = field
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -235,7 +242,9 @@ def plan_kv_cache(
         raise KvPlanError(
             f"{model.source}: weights {_gib(weights)} + activation reserve {_gib(reserve)} "
             f"exceed the {_gib(gpu_bytes)} GPU at tensor parallel {tp}, leaving nothing for "
-            "the KV cache; use more GPUs per replica or a larger GPU"
+            "the KV cache; expected them to fit in the GPU: use more GPUs per replica or a "
+            "larger GPU",
+            "gpus_per_replica",
         )
     needed = -(-workload.max_model_len // block_size) * block_bytes
     if kv_bytes < needed:
@@ -244,7 +253,8 @@ def plan_kv_cache(
             f"{kv.max_gpu_memory_share} x {_gib(gpu_bytes)}, GPU {_gib(gpu_bytes)} - weights "
             f"{_gib(weights)} - activation reserve {_gib(reserve)}), but one sequence of "
             f"max_model_len {workload.max_model_len} needs {_gib(needed)}; use more GPUs per "
-            "replica (tensor parallel), a larger GPU, or a shorter max_model_len"
+            "replica (tensor parallel), a larger GPU, or a shorter max_model_len",
+            "max_model_len",
         )
     transfer, note = _preservation(policy, workload, rule)
     return KvCachePlan(
@@ -314,16 +324,35 @@ def serve_args(policy: PoolPolicy, workload: FlexWorkload, model: ModelSpec) -> 
 
 
 def _check_model_fits(workload: FlexWorkload, model: ModelSpec, tp: int) -> None:
+    """What vLLM refuses at start-up: a context beyond the model's, heads TP cannot split."""
     if workload.max_model_len > model.max_position_embeddings:
         raise KvPlanError(
             f"{workload.name}: max_model_len {workload.max_model_len} exceeds the model's "
-            f"max_position_embeddings {model.max_position_embeddings} ({model.source})"
+            f"max_position_embeddings {model.max_position_embeddings} ({model.source}); "
+            f"expected at most {model.max_position_embeddings}",
+            "max_model_len",
         )
-    if model.mla is None and model.num_kv_heads % tp and tp % model.num_kv_heads:
+    problem = _sharding_problem(model, tp)
+    if problem is not None:
+        usable = [n for n in range(1, MAX_GPUS_PER_REPLICA + 1) if not _sharding_problem(model, n)]
         raise KvPlanError(
-            f"{workload.name}: tensor parallel {tp} neither divides nor is a multiple of the "
-            f"model's {model.num_kv_heads} KV heads ({model.source}); vLLM cannot shard them"
+            f"{workload.name}: tensor parallel {tp} {problem} ({model.source}); expected one "
+            f"of {usable}",
+            "gpus_per_replica",
         )
+
+
+def _sharding_problem(model: ModelSpec, tp: int) -> str | None:
+    """Why vLLM cannot split ``model`` over ``tp`` ranks (None: it can).
+
+    Query heads must divide evenly; KV heads are split when ``tp`` divides them and
+    replicated when ``tp`` is a multiple of them (MLA's one latent is never split)."""
+    kv = model.num_kv_heads
+    if model.mla is None and kv % tp and tp % kv:
+        return f"neither divides nor is a multiple of the model's {kv} KV heads"
+    if model.num_attention_heads % tp:
+        return f"does not divide the model's {model.num_attention_heads} attention heads"
+    return None
 
 
 def _preservation(
@@ -343,7 +372,8 @@ def _preservation(
         raise KvPlanError(
             f"{workload.name}: kv_cache.offload_host_gib ({policy.kv_cache.offload_host_gib:g}) "
             f"does not fit in the container's memory ({workload.resources.memory}); lower it, "
-            "raise resources.memory, or set kv_cache.kv_preservation to off"
+            "raise resources.memory, or set kv_cache.kv_preservation to off",
+            "resources.memory",
         )
     extra: dict[str, Any] = {"cpu_bytes_to_use": host_bytes}
     if mode == "cpu":

@@ -110,6 +110,7 @@ def test_pdb_and_hpa_follow_policy() -> None:
     policy = policy_with(
         {
             "disruption.pdb_min_available": 2,
+            "workloads.0.min_replicas": 3,
             "autoscaling.scale_up_stabilization_s": 120,
             "autoscaling.scale_down_stabilization_s": 600,
             "autoscaling.scale_up_pods_per_minute": 3,
@@ -190,23 +191,29 @@ def test_karpenter_target_bounds_pools_by_gpu_capacity() -> None:
         assert spec["template"]["metadata"]["labels"] == {policy.cluster.pool_label: pool.name}
         assert spec["disruption"]["consolidationPolicy"] == pool.karpenter.consolidation_policy
         assert spec["disruption"]["budgets"] == [{"nodes": pool.karpenter.disruption_budget_nodes}]
-        (capacity,) = spec["template"]["spec"]["requirements"]
-        assert capacity["values"] == list(pool.karpenter.capacity_types)
+        capacity, *gpus = spec["template"]["spec"]["requirements"]
+        assert capacity == {
+            "key": "karpenter.sh/capacity-type",
+            "operator": "In",
+            "values": list(pool.karpenter.capacity_types),
+        }
+        assert [r["key"] for r in gpus] == [
+            "karpenter.k8s.aws/instance-gpu-name",
+            "karpenter.k8s.aws/instance-gpu-count",
+            "karpenter.k8s.aws/instance-gpu-memory",
+        ]
+        assert spec["template"]["spec"]["expireAfter"] == pool.karpenter.expire_after
     assert not any(o["kind"] == "Node" for o in _bundle(policy, "karpenter"))
 
 
 def test_rbac_is_least_privilege() -> None:
+    """No pod gpupool renders calls the API: no Role, no binding, no token (test_security)."""
     policy = load_policy()
     objs = _bundle(policy)
-    roles = [o for o in objs if o["kind"] in ("Role", "ClusterRole")]
-    assert [r["kind"] for r in roles] == ["Role"]
-    assert roles[0]["metadata"]["namespace"] == policy.cluster.flex_namespace
-    assert roles[0]["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}
-    ]
-    tuner_sa = _one(objs, "ServiceAccount", "gpupool-tuner")
-    assert tuner_sa["automountServiceAccountToken"] is False
-    assert not any(o["kind"] == "ClusterRoleBinding" for o in objs)
+    rbac = ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
+    assert not [o for o in objs if o["kind"] in rbac]
+    for name in ("gpupool-tuner", "gpupool-flex-inference"):
+        assert _one(objs, "ServiceAccount", name)["automountServiceAccountToken"] is False
     tuner = _one(objs, "Deployment", "gpupool-tuner")["spec"]["template"]["spec"]
     (container,) = tuner["containers"]
     assert container["command"][:2] == ["gpupool", "tune"]

@@ -150,15 +150,112 @@ def test_missing_file(tmp_path: Path, command: str) -> None:
     assert "Traceback" not in result.output
 
 
-def test_missing_model_config_points_at_the_workload(tmp_path: Path) -> None:
-    source = write_policy(tmp_path, edited({"workloads.0.hf_config": "models/absent.json"}))
-    result = runner.invoke(app, ["render", str(source), "--out", str(tmp_path / "build")])
+@pytest.mark.parametrize("command", ["validate", "render"])
+@pytest.mark.parametrize(
+    ("hf_config", "named"),
+    [("models/absent.json", "models/absent.json"), ("models/empty", "models/empty/config.json")],
+    ids=["missing", "directory without config.json"],
+)
+def test_a_bad_model_config_points_at_the_workload(
+    tmp_path: Path, command: str, hf_config: str, named: str
+) -> None:
+    """``validate`` runs the model-config checks ``render`` runs: the same line, exit 1."""
+    source = write_policy(tmp_path, edited({"workloads.0.hf_config": hf_config}))
+    (tmp_path / "models/empty").mkdir()
+    out = tmp_path / "build"
+    result = runner.invoke(
+        app, [command, str(source), "--out", str(out)][: 4 if command == "render" else 2]
+    )
     assert result.exit_code == 1
     (line,) = result.output.strip().splitlines()
-    workload_line = source.read_text().splitlines().index("- name: llama-8b-flex") + 1
-    assert line.startswith(f"{source}:{workload_line}: workloads.0: ")
-    assert "absent.json" in line and "not found" in line
+    field_line = source.read_text().splitlines().index(f"  hf_config: {hf_config}") + 1
+    assert line.startswith(f"{source}:{field_line}: workloads.0.hf_config: ")
+    assert f"{tmp_path / named}: <file>: file not found" in line
+    assert not out.exists()
+
+
+def _in_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The current directory is a policy repository whose policy differs from the default."""
+    (tmp_path / "policy").mkdir()
+    write_policy(tmp_path / "policy", edited({"autoscaling.scale_down_stabilization_s": 600}))
+    monkeypatch.chdir(tmp_path)
+
+
+REPOSITORY_NOTE = "policy: policy/pool.yaml (from the current directory)\n"
+PACKAGED_NOTE = f"policy: {DEFAULT_POLICY} (the packaged default; no policy/pool.yaml here)\n"
+
+
+def test_without_file_the_repository_policy_is_used_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_repository(tmp_path, monkeypatch)
+    valid = runner.invoke(app, ["validate"])
+    assert valid.exit_code == 0 and valid.stderr.startswith(REPOSITORY_NOTE)  # then warnings
+    assert valid.stdout == "policy/pool.yaml: ok (2 node pools, 1 flex workloads)\n"
+    rendered = runner.invoke(app, ["render", "--out", "build"])
+    assert rendered.exit_code == 0 and rendered.stderr.startswith(REPOSITORY_NOTE)
+    hpa = tmp_path / "build/gpupool-flex/horizontalpodautoscaler-llama-8b-flex.yaml"
+    assert "stabilizationWindowSeconds: 600" in hpa.read_text()
+    changed = runner.invoke(app, ["diff", str(DEFAULT_POLICY)])  # NEW: the repository's
+    assert (changed.exit_code, changed.stderr) == (0, REPOSITORY_NOTE)
+    assert "+      stabilizationWindowSeconds: 600" in changed.stdout
+
+
+def test_without_file_outside_a_repository_the_packaged_policy_is_used_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    valid = runner.invoke(app, ["validate"])
+    assert valid.exit_code == 0 and valid.stderr.startswith(PACKAGED_NOTE)
+    assert valid.stdout.startswith(f"{DEFAULT_POLICY}: ok (")
+    same = runner.invoke(app, ["diff", str(DEFAULT_POLICY)])
+    assert (same.exit_code, same.stdout, same.stderr) == (0, "no differences\n", PACKAGED_NOTE)
+    named = runner.invoke(app, ["validate", str(DEFAULT_POLICY)])  # FILE given: no note
+    assert "policy: " not in named.stderr
+
+
+def test_an_unreadable_repository_policy_is_an_error_not_the_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``./policy/pool.yaml`` that exists but is no file is reported, never swapped for the
+    packaged policy (which would validate ok and render the wrong cluster)."""
+    (tmp_path / "policy/pool.yaml").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    for args in (["validate"], ["render", "--out", "build"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1
+        assert result.stderr.splitlines()[0] == REPOSITORY_NOTE.strip()
+        assert result.stderr.splitlines()[1].startswith("policy/pool.yaml:0: cannot read file: ")
     assert not (tmp_path / "build").exists()
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_validate_and_render_print_warnings_located_and_still_accept(
+    tmp_path: Path, command: str
+) -> None:
+    source = write_policy(tmp_path, edited({"cluster.runtime_image": "gpupool/gpupool:0.1.0"}))
+    extra = ["--out", str(tmp_path / "build")] if command == "render" else []
+    result = runner.invoke(app, [command, str(source), *extra])
+    assert result.exit_code == 0, result.output
+    image_line = source.read_text().splitlines().index("  runtime_image: gpupool/gpupool:0.1.0")
+    assert (
+        f"{source}:{image_line + 1}: warning: cluster.runtime_image: gpupool/gpupool:0.1.0 is "
+        "referenced by tag only" in result.stderr
+    )
+    ok = f"{source}: ok (" if command == "validate" else f"{tmp_path / 'build'}: "
+    assert result.stdout.startswith(ok)
+
+
+def test_render_out_naming_a_file_is_one_line(tmp_path: Path) -> None:
+    target = tmp_path / "build"
+    target.write_text("mine\n")
+    result = runner.invoke(app, ["render", str(DEFAULT_POLICY), "--out", str(target)])
+    assert result.exit_code == 1
+    assert result.output == (
+        f"error: {target}: not a directory (a render is a folder of YAML files)\n"
+    )
+    assert target.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build"]
 
 
 def test_render_and_diff_take_the_hpa_tolerance_stack_option(tmp_path: Path) -> None:

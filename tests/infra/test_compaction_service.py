@@ -10,11 +10,10 @@ from typing import Any
 
 import kubernetes_validate
 
-from infra.builders.runtime_components import tuner_command, tuner_container
+from infra.builders.runtime_components import tuner_command, tuner_container, tuner_deployment
 from infra.bundle import build_bundle
 from policy import PoolPolicy, parse_policy
 from runtime.kvcache.sidecar import COMPACTION_TOKEN_DIR, compaction_sidecar
-from runtime.tuner.compaction import TOKEN_ENV
 from tests.infra.policies import edited, explicit_args
 
 
@@ -56,12 +55,20 @@ def test_tuner_posts_to_each_headless_service_with_the_shared_token() -> None:
     ns, port = policy.cluster.flex_namespace, policy.kv_cache.compaction_worker_port
     assert flagged == [f"{on.name}-kv-compaction.{ns}.svc:{port}"]
 
-    env = {e["name"]: e for e in tuner_container(policy)["env"]}
-    ref = env[TOKEN_ENV]["valueFrom"]["secretKeyRef"]
     settings = policy.tuner
-    assert ref == {
-        "name": settings.compaction_token_secret,
-        "key": settings.compaction_token_key,
+    path = command[command.index("--compaction-token-file") + 1]
+    assert path == f"{COMPACTION_TOKEN_DIR}/{settings.compaction_token_key}"
+    (mount,) = [
+        m for m in tuner_container(policy)["volumeMounts"] if m["mountPath"] == COMPACTION_TOKEN_DIR
+    ]
+    (volume,) = [
+        v
+        for v in tuner_deployment(policy)["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == mount["name"]
+    ]
+    assert volume["secret"] == {
+        "secretName": settings.compaction_token_secret,
+        "defaultMode": 0o440,
         "optional": True,
     }
     # the sidecar reads the same Secret (in its own namespace) as its shared token file

@@ -37,7 +37,8 @@ karpenter_duration = st.sampled_from(["30s", "10m", "1h", "1h30m", "Never"])
 @st.composite
 def policies(draw: st.DrawFn) -> Any:
     doc: Any = {k: v for k, v in BASE.items() if k in ("alerting", "kv_cache", "elastic")}
-    namespaces = draw(st.lists(dns, min_size=2, max_size=2, unique=True))
+    own = dns.filter(lambda n: n != "default" and not n.startswith("kube-"))
+    namespaces = draw(st.lists(own, min_size=2, max_size=2, unique=True))
     doc["cluster"] = {
         "name": draw(dns),
         "flex_namespace": namespaces[0],
@@ -125,6 +126,7 @@ def policies(draw: st.DrawFn) -> Any:
         "scale_down_pods_per_minute": draw(st.integers(1, 10)),
     }
     workloads = []
+    sidecar_port = doc["kv_cache"]["compaction_worker_port"]
     for name in draw(st.lists(dns, min_size=0, max_size=3, unique=True)):
         pool = draw(st.sampled_from(pools[1:]))
         max_replicas = draw(st.integers(pdb + 1, 20))
@@ -135,9 +137,9 @@ def policies(draw: st.DrawFn) -> Any:
                 "hf_config": "models/x.json",
                 "pool": pool["name"],
                 "gpus_per_replica": draw(st.integers(1, pool["gpus_per_node"])),
-                "min_replicas": draw(st.integers(1, max_replicas)),
+                "min_replicas": draw(st.integers(pdb + 1, max_replicas)),
                 "max_replicas": max_replicas,
-                "port": draw(st.integers(1024, 65535)),
+                "port": draw(st.integers(1024, 65535).filter(lambda p: p != sidecar_port)),
                 "startup_timeout_s": draw(st.integers(60, 7200)),
                 "resources": {"cpu": draw(quantity), "memory": draw(quantity)},
                 "snapshot_volume": {

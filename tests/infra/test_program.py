@@ -7,19 +7,24 @@ functions return an Output that the decorator awaits. The recorder keeps every r
 from __future__ import annotations
 
 import runpy
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import pulumi
 import pytest
+from pulumi.runtime.mocks import MockMonitor
+from ruamel.yaml import YAML
 
 
 class Recorder(pulumi.runtime.Mocks):
-    """Keeps (type token, logical name, inputs) of every resource the program registers."""
+    """Keeps (type token, logical name, inputs) of every resource the program registers, and
+    (through ``RecordingMonitor``) the names registered with ``retain_on_delete``."""
 
     def __init__(self) -> None:
         self.registered: list[tuple[str, str, dict[str, Any]]] = []
+        self.retained: set[tuple[str, str]] = set()
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         self.registered.append((args.typ, args.name, dict(args.inputs)))
@@ -31,6 +36,19 @@ class Recorder(pulumi.runtime.Mocks):
         return {}, None
 
 
+class RecordingMonitor(MockMonitor):
+    """Pulumi's mock monitor, noting the resource options mocks do not see."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__(recorder)
+        self.recorder = recorder
+
+    def RegisterResource(self, request: Any) -> Any:
+        if request.retainOnDelete:
+            self.recorder.retained.add((request.type, request.name))
+        return super().RegisterResource(request)  # type: ignore[no-untyped-call]
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -40,10 +58,17 @@ def pulumi_test(fn: F) -> F:
 
 
 RECORDER = Recorder()
-pulumi.runtime.set_mocks(RECORDER, preview=False)
+pulumi.runtime.set_mocks(RECORDER, preview=False, monitor=RecordingMonitor(RECORDER))
 
-from infra.builders.meta import Manifest  # noqa: E402 (after set_mocks, as Pulumi requires)
-from infra.bundle import INFERENCE_WORKLOAD, build_bundle, build_groups  # noqa: E402
+from infra.builders.meta import RETAINED_KINDS, Manifest  # noqa: E402 (after set_mocks)
+from infra.bundle import (  # noqa: E402
+    INFERENCE_WORKLOAD,
+    DuplicateObject,
+    ObjectGroup,
+    build_bundle,
+    build_groups,
+    check_unique,
+)
 from infra.program import (  # noqa: E402
     PROJECT_ROOT,
     InferenceWorkload,
@@ -52,6 +77,7 @@ from infra.program import (  # noqa: E402
     read_settings,
     run,
 )
+from infra.render import KUSTOMIZATION, render_documents  # noqa: E402
 from policy import PoolPolicy, load_policy  # noqa: E402
 from tests.infra.policies import explicit_args, two_workloads  # noqa: E402
 
@@ -60,7 +86,8 @@ from tests.infra.policies import explicit_args, two_workloads  # noqa: E402
 def fresh_recorder() -> Recorder:
     """Other test modules may install their own mocks: reinstall ours, emptied, per test."""
     RECORDER.registered.clear()
-    pulumi.runtime.set_mocks(RECORDER, preview=False)
+    RECORDER.retained.clear()
+    pulumi.runtime.set_mocks(RECORDER, preview=False, monitor=RecordingMonitor(RECORDER))
     return RECORDER
 
 
@@ -102,11 +129,37 @@ def unsecret(value: Any) -> tuple[Any, bool]:
     return value, False
 
 
+def rendered_objects(objects: list[Manifest]) -> list[Manifest]:
+    """What ``gpupool render`` writes for ``objects``, parsed back (kustomization aside)."""
+    documents = render_documents(objects)
+    return [
+        YAML(typ="safe").load(text) for name, text in documents.items() if name != KUSTOMIZATION
+    ]
+
+
 def check_registered_equals_bundle(policy: PoolPolicy, target: str) -> None:
     objects = build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
     registered = kubernetes_registrations()
+    rendered = Counter(identity(token(o), o) for o in rendered_objects(objects))
+    registrations = Counter(
+        identity(typ, inputs)
+        for typ, _, inputs in RECORDER.registered
+        if typ.startswith("kubernetes:")
+    )
+    # one multiset, each object once: what GitOps applies is what Pulumi declares
+    assert registrations == rendered
+    assert set(rendered.values()) == {1}
     expected = {identity(token(o), o): o for o in objects}
     assert set(registered) == set(expected)
+    assert {(t, n) for t, n, _ in RECORDER.registered if t.startswith("kubernetes:")} >= (
+        RECORDER.retained
+    )
+    retained = {identity(t, i) for t, n, i in RECORDER.registered if (t, n) in RECORDER.retained}
+    assert retained == {k for k, o in expected.items() if o["kind"] in RETAINED_KINDS}
+    assert {k[0] for k in retained} == {
+        "kubernetes:core/v1:Namespace",
+        "kubernetes:core/v1:PersistentVolumeClaim",
+    }
     for key, obj in expected.items():
         fields = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
         got, secret = unsecret(
@@ -129,6 +182,53 @@ def _declare(policy: PoolPolicy, target: str) -> pulumi.Output[list[str]]:
 def test_program_registers_exactly_the_bundle(target: str) -> pulumi.Output[None]:
     policy = two_workloads()
     return _declare(policy, target).apply(lambda _: check_registered_equals_bundle(policy, target))
+
+
+def _object(kind: str, name: str, namespace: str | None) -> Manifest:
+    meta = {"name": name} | ({"namespace": namespace} if namespace else {})
+    return {"apiVersion": "v1", "kind": kind, "metadata": meta, "data": {}}
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "what"),
+    [
+        (("monitoring", "a", "ns1"), ("runtime", "a", "ns1"), "are the same object"),
+        (("monitoring", "a", "ns1"), ("monitoring", "a", "ns2"), "are the same Pulumi URN"),
+    ],
+    ids=["same-kind-namespace-name", "same-logical-name-in-one-component-type"],
+)
+def test_two_objects_with_one_identity_cannot_be_declared(
+    first: tuple[str, str, str], second: tuple[str, str, str], what: str
+) -> None:
+    """The bundle refuses what the API server would merge (one kind, namespace and name) and
+    what Pulumi would refuse (one URN: component type, resource type, logical name); the
+    program declares nothing then."""
+    groups = [
+        ObjectGroup(f"gpupool:test:{group}", f"{group}-{i}", (_object("ConfigMap", name, ns),))
+        for i, (group, name, ns) in enumerate((first, second))
+    ]
+    with pytest.raises(DuplicateObject, match=what) as caught:
+        check_unique(groups)
+    assert str(caught.value).count("ConfigMap") == 2
+    with pytest.raises(DuplicateObject, match=what):
+        declare_groups(groups)
+    assert RECORDER.registered == []
+    # a different kind or namespace (in different components) is a different object
+    check_unique(
+        [groups[0], ObjectGroup("gpupool:test:other", "x", (_object("Secret", "a", "ns1"),))]
+    )
+
+
+def test_builders_cannot_produce_a_duplicate() -> None:
+    """A workload whose Service would take the name of another's headless Service: the
+    policy refuses it, and the bundle refuses it even without that check."""
+    policy = two_workloads()
+    clash = policy.workloads[1].model_copy(
+        update={"name": f"{policy.workloads[0].name}-kv-compaction"}
+    )
+    unchecked = policy.model_copy(update={"workloads": [policy.workloads[0], clash]})
+    with pytest.raises(DuplicateObject, match="Service gpupool-flex/llama-8b-flex-kv-compaction"):
+        build_bundle(unchecked, target="labels", vllm_args=explicit_args(unchecked))
 
 
 @pulumi_test

@@ -41,11 +41,19 @@ def _pod(policy: PoolPolicy) -> dict[str, Any]:
     return spec
 
 
+def _mounted_secret(pod: dict[str, Any], flag: str) -> dict[str, str]:
+    """``{"name": Secret, "key": file}`` of the token file a tuner flag names."""
+    (tuner,) = pod["containers"]
+    directory, _, key = tuner["command"][tuner["command"].index(flag) + 1].rpartition("/")
+    (mount,) = [m for m in tuner["volumeMounts"] if m["mountPath"] == directory]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    return {"name": volume["secret"]["secretName"], "key": key}
+
+
 def test_webhook_token_is_the_secret_alertmanager_sends() -> None:
-    """One Secret and key: the tuner's $GPUPOOL_TUNER_TOKEN and Alertmanager's token file."""
+    """One Secret and key: the tuner's --token-file and Alertmanager's token file."""
     policy = load_policy()
-    (tuner,) = _pod(policy)["containers"]
-    ref = container_env(tuner)["GPUPOOL_TUNER_TOKEN"]["secretKeyRef"]
+    ref = _mounted_secret(_pod(policy), "--token-file")
     (receiver,) = [
         r
         for r in alertmanager_config(policy)["receivers"]
@@ -63,6 +71,7 @@ def test_ready_when_healthz_answers_and_no_pr_without_a_forge() -> None:
     assert tuner["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert "--open-pr" not in tuner["command"]
     assert "GITHUB_TOKEN" not in container_env(tuner)
+    assert tuner["livenessProbe"]["httpGet"] == tuner["readinessProbe"]["httpGet"]
     command = tuner["command"]
     assert command[command.index("--repo") + 1] == REPO_PATH
     assert command[command.index("--base") + 1] == policy.tuner.policy_repo_branch
@@ -86,8 +95,9 @@ def test_forge_repo_opens_prs_with_the_token_secret() -> None:
     command = tuner["command"]
     assert command[command.index("--forge-repo") - 1] == "--open-pr"
     assert command[command.index("--forge-repo") + 1] == "acme/policy"
-    assert container_env(tuner)["GITHUB_TOKEN"] == {
-        "secretKeyRef": {"name": "gpupool-tuner-github", "key": "token"}
+    assert _mounted_secret(_pod(policy), "--forge-token-file") == {
+        "name": "gpupool-tuner-github",
+        "key": "token",
     }
 
 

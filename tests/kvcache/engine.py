@@ -137,3 +137,21 @@ def check_pool(pool: Any) -> None:
             assert block.block_hash == key or key in pool.cached_block_hashes_by_block.get(
                 block.block_id, ()
             )
+
+
+def check_tables(engine: Engine) -> None:
+    """The worker's block tables name the blocks the scheduler gave each request: every
+    ``CachedRequestState.block_ids`` (what a request's rows are rebuilt from when it is
+    scheduled again) equals the ids of the scheduler's ``req_to_blocks``, for every request
+    the scheduler runs. Requests it finished, aborted or preempted keep stale ids on the
+    worker until the next step drops them or a resumption replaces them whole; those ids
+    are free to the scheduler and never read, so they are skipped."""
+    scheduler = engine.core.scheduler
+    (single,) = scheduler.kv_cache_manager.coordinator.single_type_managers
+    running = {request.request_id for request in scheduler.running}
+    for req_id, state in engine.runner.requests.items():
+        if req_id not in running:
+            continue
+        (worker_ids,) = state.block_ids
+        scheduler_ids = [block.block_id for block in single.req_to_blocks.get(req_id, ())]
+        assert list(worker_ids) == scheduler_ids, f"request {req_id}: tables disagree"

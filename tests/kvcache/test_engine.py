@@ -18,6 +18,7 @@ from tests.kvcache.engine import (
     Engine,
     Finished,
     check_pool,
+    check_tables,
     limits,
     shared_prefix_prompts,
 )
@@ -38,6 +39,7 @@ def reference(engine: Engine) -> dict[int, Finished]:
 def _checked(engine: Engine) -> None:
     with plugin._lock(engine.core):
         check_pool(engine.pool)
+        check_tables(engine)
 
 
 def test_compaction_and_shrink_mid_generation_keep_outputs(

@@ -39,7 +39,12 @@ CASES = [
     ("priorities.training.value", -5, "priorities.training.value", ["-5", "above 0"]),
     ("priorities.idle_inference.value", 0, "priorities.idle_inference.value", ["below 0"]),
     ("kv_cache.max_gpu_memory_share", 0.95, "kv_cache.max_gpu_memory_share", ["0.95", "0.08"]),
-    ("disruption.pdb_min_available", 8, "workloads.0.max_replicas", ["(8)", "pdb_min_available"]),
+    (
+        "disruption.pdb_min_available",
+        8,
+        "workloads.0.min_replicas",
+        ["(1)", "(8)", "pdb_min_available", "best-effort"],
+    ),
     ("workloads.0.pool", "gpu-prod", "workloads.0.pool", ["gpu-prod", "not a flex pool"]),
     ("workloads.0.min_replicas", 9, "workloads.0.min_replicas", ["(9)", "(8)"]),
     ("workloads.0.gpus_per_replica", 16, "workloads.0.gpus_per_replica", ["16", "8"]),

@@ -573,7 +573,9 @@ def test_failing_validation_still_posts_why_then_fails(
     assert isinstance(posted, dict)
     body = posted["body"]
     assert "**Validation failed**" in body
-    assert "policy/pool.yaml:44: elastic.grow_while_production_below:" in body
+    lines = (policy_repo / "policy" / "pool.yaml").read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if "grow_while_production_below" in text)
+    assert f"policy/pool.yaml:{line}: elastic.grow_while_production_below:" in body
     assert "shed_while_production_above (0.2)" in body
     assert "<details>" not in body
 

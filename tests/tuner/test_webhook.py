@@ -1,11 +1,16 @@
 """A real Alertmanager delivers a notification to the tuner's webhook, which triggers an
-immediate evaluation; requests without the token are refused; repeats are ignored."""
+immediate evaluation; requests without the token are refused; repeats are ignored. Bad
+requests on a real socket (lengths, types, nesting, slow clients, too many clients) are
+refused, counted by reason, and trigger nothing."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,12 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
 from alerts.routing import alertmanager_config
 from alerts.rules import TUNER_LABEL
 from infra.builders.runtime_components import (
     REPO_PATH,
+    WEBHOOK_TOKEN_DIR,
     clone_container,
     tuner_command,
     tuner_deployment,
@@ -32,12 +40,21 @@ from runtime.tuner.cycle import CycleReport, Target, run_cycle
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
-from runtime.tuner.webhook import TOKEN_ENV, Triggers, run_loop, serve
+from runtime.tuner.webhook import (
+    DEFAULT_LIMITS,
+    TOKEN_ENV,
+    Refusal,
+    Triggers,
+    WebhookLimits,
+    notification_key,
+    parse_notification,
+    run_loop,
+    serve,
+)
 from tests.harness.containers import run_container
 from tests.harness.servers import REPO, Server, free_port, start_alertmanager
 from tests.tuner import scenarios
 
-pytestmark = pytest.mark.slow
 TOKEN = "s3cret-test-token"
 
 
@@ -129,6 +146,7 @@ def _alertmanager_config(webhook: str, secrets_dir: Path) -> str:
     return json.dumps(alertmanager_config(policy))
 
 
+@pytest.mark.slow
 def test_alertmanager_notification_triggers_an_evaluation(tuner: Tuner, tmp_path: Path) -> None:
     _wait_for(lambda: len(tuner.reports) == 1)  # the cycle at start
     assert tuner.reports[0][1].outcome == "created"
@@ -177,6 +195,7 @@ def test_alertmanager_notification_triggers_an_evaluation(tuner: Tuner, tmp_path
     assert "gpupool_tuner_query_seconds_count" in text
 
 
+@pytest.mark.slow
 def test_webhook_refuses_missing_token_and_ignores_repeats(tuner: Tuner) -> None:
     _wait_for(lambda: len(tuner.reports) == 1)
     payload = {
@@ -204,15 +223,22 @@ def test_webhook_refuses_missing_token_and_ignores_repeats(tuner: Tuner) -> None
         outcome: tuner.metrics.registry.get_sample_value(
             "gpupool_tuner_notifications_total", {"outcome": outcome}
         )
-        for outcome in ("unauthorized", "triggered", "duplicate")
+        for outcome in ("triggered", "duplicate")
     }
-    assert samples == {"unauthorized": 2, "triggered": 1, "duplicate": 1}
+    assert samples == {"triggered": 1, "duplicate": 1}
+    assert (
+        tuner.metrics.registry.get_sample_value(
+            "gpupool_tuner_webhook_rejected_total", {"reason": "unauthorized"}
+        )
+        == 2
+    )
 
 
 def _deployment_command(policy_repo: Path, prometheus: Server, state: Path) -> list[str]:
     """The tuner Deployment's pod, run here: its init container clones ``policy_repo`` (the
     policy's ``tuner.policy_repo_url``) into ``state``, then its command line runs as a process
-    with only the listen address, Prometheus URL and volume path mapped to this machine."""
+    with only the listen address, Prometheus URL, volume path and the webhook token Secret's
+    mounted file mapped to this machine."""
     document = YAML(typ="safe").load(DEFAULT_POLICY.read_text())
     document["tuner"]["policy_repo_url"] = f"file://{policy_repo}"
     policy = parse_policy(document)
@@ -220,7 +246,14 @@ def _deployment_command(policy_repo: Path, prometheus: Server, state: Path) -> l
     state.mkdir()
     init = run_container(clone_container(policy), REPO_DIR=str(clone), HOME=str(state))
     assert init.returncode == 0, init.stderr
-    mapped = {REPO_PATH: str(clone), policy.cluster.prometheus_url: prometheus.url}
+    token_file = state / "webhook-token" / policy.tuner.webhook_token_key
+    token_file.parent.mkdir()
+    token_file.write_text(TOKEN + "\n")  # the Secret's file, as the kubelet mounts it
+    mapped = {
+        REPO_PATH: str(clone),
+        policy.cluster.prometheus_url: prometheus.url,
+        f"{WEBHOOK_TOKEN_DIR}/{policy.tuner.webhook_token_key}": str(token_file),
+    }
     command = [mapped.get(arg, arg) for arg in tuner_command(policy)]
     assert command[0] == "gpupool"
     return [sys.executable, "-m", "runtime.cli.app", *command[1:]]
@@ -235,6 +268,7 @@ def _readiness_path() -> str:
     return path
 
 
+@pytest.mark.slow
 def test_listen_process_serves_webhook_and_metrics_and_stops_on_sigterm(
     scenario_prometheus: Server, policy_repo: Path, tmp_path: Path
 ) -> None:
@@ -248,7 +282,7 @@ def test_listen_process_serves_webhook_and_metrics_and_stops_on_sigterm(
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, TOKEN_ENV: TOKEN},
+        env={k: v for k, v in os.environ.items() if k != TOKEN_ENV},  # the file, not $ENV
     )
     url = f"http://127.0.0.1:{port}"
 
@@ -304,3 +338,364 @@ def test_listen_process_serves_webhook_and_metrics_and_stops_on_sigterm(
             process.kill()
             process.wait()
         log.close()
+
+
+# --- bad clients, on a real socket, without Prometheus or Alertmanager ---
+
+SMALL = WebhookLimits(
+    max_body_bytes=4096, max_json_depth=8, read_timeout_s=1.0, max_handlers=2, queue_wait_s=5.0
+)
+"""Limits of the fast tests: small enough that a refusal is quick to provoke."""
+AUTH = ("Authorization", f"Bearer {TOKEN}")
+
+
+class Webhook:
+    """``serve`` on an ephemeral port with its own metrics and triggers; counts read as
+    the change since the last ``fresh`` (one server serves a whole module: each shutdown
+    waits out ``serve_forever``'s 0.5 s poll)."""
+
+    def __init__(self, limits: WebhookLimits) -> None:
+        self.metrics = TunerMetrics.create()
+        self.triggers = Triggers()
+        self.server = serve(
+            ("127.0.0.1", 0),
+            token=TOKEN,
+            triggers=self.triggers,
+            metrics=self.metrics,
+            limits=limits,
+        )
+        self.port = int(self.server.server_address[1])
+        self._start: dict[tuple[str, str], float] = {}
+
+    def fresh(self) -> Webhook:
+        """Start counting (and collecting trigger reasons) from now."""
+        self._start = {
+            (sample.name, json.dumps(sample.labels, sort_keys=True)): sample.value
+            for family in self.metrics.registry.collect()
+            for sample in family.samples
+        }
+        self.triggers.pending_reasons.clear()
+        return self
+
+    def count(self, name: str, **labels: str) -> float:
+        now = self.metrics.registry.get_sample_value(name, labels) or 0.0
+        return now - self._start.get((name, json.dumps(labels, sort_keys=True)), 0.0)
+
+    def rejected(self, reason: str) -> float:
+        return self.count("gpupool_tuner_webhook_rejected_total", reason=reason)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def module_webhook() -> Iterator[Webhook]:
+    w = Webhook(SMALL)
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def webhook(module_webhook: Webhook) -> Webhook:
+    return module_webhook.fresh()
+
+
+_serial = itertools.count()
+
+
+def firing(fingerprint: str | None = None) -> bytes:
+    """A well-formed firing notification; a new one (never a repeat) unless ``fingerprint``
+    names one sent before."""
+    fingerprint = fingerprint or f"f{next(_serial)}"
+    return json.dumps(
+        {
+            "version": "4",
+            "status": "firing",
+            "groupKey": f"g-{fingerprint}",
+            "truncatedAlerts": 0,
+            "alerts": [
+                {
+                    "status": "firing",
+                    "labels": {"alertname": "FlexEvictionRateHigh"},
+                    "fingerprint": fingerprint,
+                    "startsAt": "2026-01-01T00:00:00Z",
+                }
+            ],
+        }
+    ).encode()
+
+
+def request_bytes(
+    body: bytes = b"",
+    headers: list[tuple[str, str]] | None = None,
+    start: str = "POST /alerts HTTP/1.1",
+) -> bytes:
+    """A raw request; ``headers`` default to the token and the body's true length."""
+    if headers is None:
+        headers = [AUTH, ("Content-Length", str(len(body)))]
+    lines = [start, "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in headers)]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def exchange(
+    port: int, data: bytes, *, half_close: bool = False, timeout_s: float = 20
+) -> tuple[int | None, bytes]:
+    """Send ``data``, read until the server closes; the status (None: closed unanswered)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    reply = b"".join(chunks)
+    if not reply:
+        return None, b""
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_token_still_guards_and_well_formed_notifications_are_answered(webhook: Webhook) -> None:
+    # a wrong token is refused before the (absent) huge body is read
+    wrong = [("Authorization", "Bearer nope"), ("Content-Length", "999999999")]
+    assert exchange(webhook.port, request_bytes(headers=wrong))[0] == 401
+    assert exchange(webhook.port, request_bytes(headers=[("Content-Length", "0")]))[0] == 401
+    assert exchange(webhook.port, request_bytes(firing("once")))[0] == 202
+    assert exchange(webhook.port, request_bytes(firing("once")))[0] == 200  # a repeat
+    resolved = json.dumps({"status": "resolved", "alerts": []}).encode()
+    assert exchange(webhook.port, request_bytes(resolved))[0] == 200
+    assert webhook.rejected("unauthorized") == 2
+    assert webhook.triggers.pending_reasons == ["alert FlexEvictionRateHigh"]
+    outcomes = {
+        o: webhook.count("gpupool_tuner_notifications_total", outcome=o)
+        for o in ("triggered", "duplicate", "resolved")
+    }
+    assert outcomes == {"triggered": 1, "duplicate": 1, "resolved": 1}
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "reason", "says"),
+    [
+        ([AUTH], 411, "length_required", "Content-Length is required"),
+        ([AUTH, ("Transfer-Encoding", "chunked")], 411, "length_required", "Transfer-Encoding"),
+        ([AUTH, ("Content-Length", "abc")], 400, "bad_length", "'abc' is not a non-negative"),
+        ([AUTH, ("Content-Length", "-1")], 400, "bad_length", "'-1' is not a non-negative"),
+        ([AUTH, ("Content-Length", "+5")], 400, "bad_length", "'+5' is not a non-negative"),
+        ([AUTH, ("Content-Length", "1_0")], 400, "bad_length", "'1_0' is not a non-negative"),
+        (
+            [AUTH, ("Content-Length", "5"), ("Content-Length", "5")],
+            400,
+            "bad_length",
+            "more than one Content-Length",
+        ),
+        (
+            [AUTH, ("Content-Length", "4097")],
+            413,
+            "too_large",
+            "Content-Length 4097 is above the limit of 4096 bytes",
+        ),
+        ([AUTH, ("Content-Length", "9" * 30)], 413, "too_large", "above the limit of 4096 bytes"),
+    ],
+)
+def test_content_length_is_refused_before_the_body_is_read(
+    webhook: Webhook, headers: list[tuple[str, str]], status: int, reason: str, says: str
+) -> None:
+    """Only headers are sent: an answer (not a timeout) proves no body was awaited."""
+    got, body = exchange(webhook.port, request_bytes(headers=headers))
+    assert (got, reason) == (status, reason)
+    assert says in body.decode()
+    assert webhook.rejected(reason) == 1
+    assert webhook.rejected("timeout") == 0
+    assert webhook.triggers.pending_reasons == []
+
+
+def _payload(**fields: Any) -> bytes:
+    return json.dumps({"status": "firing", "alerts": [], **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "says"),
+    [
+        (b"not json", "malformed", "not JSON"),
+        (b"\xff\xfe\x00", "malformed", "not JSON"),
+        (b"[1, 2]", "invalid", "payload: Input should be a valid dictionary"),
+        (_payload(alerts="x"), "invalid", "alerts: Input should be a valid list"),
+        (_payload(alerts=[3]), "invalid", "alerts[0]: Input should be a valid dictionary"),
+        (_payload(alerts=[{"labels": []}]), "invalid", "alerts[0].labels: Input should be"),
+        (
+            _payload(alerts=[{"labels": {"alertname": 5}}]),
+            "invalid",
+            "alerts[0].labels.alertname: Input should be a valid string, found 5",
+        ),
+        (_payload(alerts=[{"fingerprint": 1}]), "invalid", "alerts[0].fingerprint:"),
+        (_payload(alerts=[{"startsAt": None}]), "invalid", "alerts[0].startsAt:"),
+        (_payload(groupKey=["g"]), "invalid", "groupKey: Input should be a valid string"),
+        (_payload(truncatedAlerts="3"), "invalid", "truncatedAlerts: Input should be"),
+        (_payload(status="maybe"), "invalid", "status: Input should be 'firing' or 'resolved'"),
+        (json.dumps({"alerts": []}).encode(), "invalid", "status: required field is missing"),
+        (
+            _payload(groupKey="a", x="[" * 40),
+            "accepted",
+            "",
+        ),  # brackets inside a string do not nest
+        (
+            _payload(groupKey="b", x=[[[[[[[1]]]]]]]),
+            "accepted",
+            "",
+        ),  # depth 8 (with the payload): the limit
+        (_payload(x=[[[[[[[[1]]]]]]]]), "too_deep", "deeper than 8"),
+        (_payload(x="!").replace(b'"!"', b"[" * 2000 + b"]" * 2000), "too_deep", "deeper"),
+    ],
+)
+def test_payload_types_and_nesting_are_checked(
+    webhook: Webhook, body: bytes, reason: str, says: str
+) -> None:
+    status, reply = exchange(webhook.port, request_bytes(body))
+    if reason == "accepted":
+        assert status == 202, reply
+        return
+    assert status == 400
+    assert says in reply.decode()
+    assert webhook.rejected(reason) == 1
+    assert webhook.triggers.pending_reasons == []
+
+
+def test_truncated_body_is_refused(webhook: Webhook) -> None:
+    """The client declares more than it sends and half-closes: 400, not a wait."""
+    data = request_bytes(firing()[:10], headers=[AUTH, ("Content-Length", "100")])
+    status, reply = exchange(webhook.port, data, half_close=True)
+    assert (status, reply) == (400, b"body ended after 10 of 100 bytes\n")
+    assert webhook.rejected("truncated") == 1
+
+
+def test_http_server_refusals_are_counted(webhook: Webhook) -> None:
+    """http.server's own refusals, as one plain line like the webhook's."""
+    brew = exchange(webhook.port, b"BREW /alerts HTTP/1.1\r\n\r\n")
+    assert brew == (
+        501,
+        b"501 Unsupported method ('BREW'): Server does not support this operation\n",
+    )
+    assert exchange(webhook.port, b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n")[0] == 414
+    many = b"POST /alerts HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n"
+    too_many = (431, b"431 Too many headers: got more than 100 headers\n")
+    assert exchange(webhook.port, many) == too_many
+    assert webhook.rejected("protocol") == 3
+
+
+def _dropped_after(port: int, first: bytes, trickle: bytes) -> bool:
+    """Send ``first``, then ``trickle`` a byte every 0.1 s; whether the server closes the
+    connection before 15 s (the deadline under test is 1 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as sock:
+        sock.sendall(first)
+        sock.settimeout(0.1)
+        deadline = time.monotonic() + 15
+        for byte in trickle * 200:
+            if time.monotonic() > deadline:
+                return False
+            try:
+                if sock.recv(1024) == b"":
+                    return True
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                return True
+            try:
+                sock.send(bytes([byte]))
+            except OSError:
+                return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("first", "trickle"),
+    [
+        (b"POST /alerts HTTP/1.1\r\n", b"X-Slow: yes\r\n"),  # slow headers
+        (request_bytes(headers=[AUTH, ("Content-Length", "4000")]), b" "),  # slow body
+    ],
+)
+def test_slow_client_is_dropped_at_the_deadline(
+    webhook: Webhook, first: bytes, trickle: bytes
+) -> None:
+    """A byte every 0.1 s never trips a per-read timeout; the 1 s deadline drops it."""
+    assert _dropped_after(webhook.port, first, trickle)
+    _wait_for(lambda: webhook.rejected("timeout") == 1, timeout_s=10)
+    assert exchange(webhook.port, request_bytes(firing()))[0] == 202
+
+
+def test_handlers_are_bounded_and_an_extra_connection_gets_503() -> None:
+    one = Webhook(dataclasses.replace(SMALL, max_handlers=1, queue_wait_s=1.0, read_timeout_s=30))
+    try:
+        with socket.create_connection(("127.0.0.1", one.port), timeout=20) as holder:
+            holder.sendall(b"POST /alerts HTTP/1.1\r\n")  # takes the only handler
+            status, reply = exchange(one.port, b"")  # queued behind it, then refused
+            assert (status, reply) == (503, b"busy: every handler is taken, retry\n")
+            assert one.rejected("busy") == 1
+        # the holder hung up: its handler is free again
+        assert exchange(one.port, request_bytes(firing()))[0] == 202
+    finally:
+        one.close()
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+_alert = st.fixed_dictionaries(
+    {},
+    optional={
+        "labels": st.dictionaries(st.sampled_from(["alertname", "x"]), st.text() | _json) | _json,
+        "fingerprint": st.text() | _json,
+        "startsAt": st.text() | _json,
+    },
+)
+_shaped = st.fixed_dictionaries(
+    {
+        "status": st.sampled_from(["firing", "resolved"]) | _json,
+        "alerts": st.lists(_alert | _json, max_size=3) | _json,
+    },
+    optional={"groupKey": st.text() | _json, "truncatedAlerts": st.integers() | _json},
+)
+"""Alertmanager-shaped payloads with any value anywhere, and any JSON at all."""
+
+
+def _usable_or_refused(body: bytes) -> None:
+    """Parsing ends in a payload the handler can use (key, alert names) or a 400 Refusal."""
+    try:
+        payload = parse_notification(body, max_depth=8)
+    except Refusal as refusal:
+        assert refusal.status == 400 and str(refusal)
+        return
+    assert payload["status"] in ("firing", "resolved")
+    assert notification_key(payload)
+    assert all(isinstance(a.get("labels", {}).get("alertname", ""), str) for a in payload["alerts"])
+
+
+@given(_shaped | _json)
+def test_any_json_is_usable_or_refused_never_raised(document: Any) -> None:
+    _usable_or_refused(json.dumps(document).encode())
+
+
+@given(st.binary(max_size=512))
+def test_any_bytes_are_usable_or_refused_never_raised(body: bytes) -> None:
+    _usable_or_refused(body)
+
+
+def test_every_limit_is_documented_with_its_default() -> None:
+    docs = (REPO / "docs" / "tuner.md").read_text()
+    for field in dataclasses.fields(WebhookLimits):
+        default = getattr(DEFAULT_LIMITS, field.name)
+        rows = [line for line in docs.splitlines() if line.startswith(f"| `{field.name}` |")]
+        assert len(rows) == 1, f"docs/tuner.md has no row for {field.name}"
+        assert f"`{default}`" in rows[0], f"docs/tuner.md gives another default for {field.name}"
+
+
+def test_nesting_beyond_the_recursion_limit_is_refused_even_with_a_huge_bound() -> None:
+    """A bound set above Python's recursion limit leaves ``json.loads`` to hit it: still a
+    400, never a RecursionError."""
+    with pytest.raises(Refusal, match="deeper than 1000000") as refused:
+        parse_notification(b"[" * 100_000 + b"]" * 100_000, max_depth=1_000_000)
+    assert (refused.value.status, refused.value.reason) == (400, "too_deep")

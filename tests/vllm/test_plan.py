@@ -136,6 +136,14 @@ def test_serve_args(policy: PoolPolicy, workload: FlexWorkload) -> None:
     assert flags["--max-model-len"] == str(workload.max_model_len)
     assert flags["--shutdown-timeout"] == str(policy.disruption.drain_s)
     assert "--enable-prefix-caching" in args
+    # The default policy compacts, so it preserves nothing (compaction beside a connector
+    # is refused); with compaction off, filesystem preservation is the tiered connector.
+    assert "--kv-transfer-config" not in args
+    kv = policy.kv_cache.model_copy(update={"kv_preservation": "filesystem"})
+    preserving = policy.model_copy(update={"kv_cache": kv})
+    args = serve_args(
+        preserving, workload.model_copy(update={"kv_compaction": False}), model("llama-3-8b")
+    )
     transfer = json.loads(args[args.index("--kv-transfer-config") + 1])
     assert transfer == {
         "kv_connector": "OffloadingConnector",
@@ -225,8 +233,10 @@ def test_offload_tier_must_fit_in_the_container(policy: PoolPolicy, workload: Fl
         update={"resources": workload.resources.model_copy(update={"memory": "16Gi"})}
     )
     assert small.resources.memory_bytes == 16 * 2**30
+    kv = policy.kv_cache.model_copy(update={"kv_preservation": "cpu"})
+    preserving = policy.model_copy(update={"kv_cache": kv})
     with pytest.raises(KvPlanError, match=r"offload_host_gib \(16\) does not fit .*\(16Gi\)"):
-        plan_kv_cache(policy, small, model("llama-3-8b"))
+        plan_kv_cache(preserving, small, model("llama-3-8b"))
 
 
 def test_compaction_on_a_gpu_asks_for_piecewise_cuda_graphs(

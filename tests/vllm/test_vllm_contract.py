@@ -73,7 +73,11 @@ def test_kv_transfer_config_keys_are_the_ones_vllm_reads(
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
-    plan = plan_kv_cache(policy, workload, model("llama-3-8b"))
+    # The default compacts and so preserves nothing; preservation needs compaction off.
+    kv = policy.kv_cache.model_copy(update={"kv_preservation": "filesystem"})
+    preserving = policy.model_copy(update={"kv_cache": kv})
+    workload = workload.model_copy(update={"kv_compaction": False})
+    plan = plan_kv_cache(preserving, workload, model("llama-3-8b"))
     assert plan.kv_transfer_config is not None
     config = KVTransferConfig(**plan.kv_transfer_config)
     assert config.kv_connector in KVConnectorFactory._registry

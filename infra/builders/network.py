@@ -1,0 +1,84 @@
+"""NetworkPolicies: each port a gpupool pod listens on admits only the clients that need it.
+
+- flex pod, vLLM port (``http``: OpenAI API, ``/metrics``): pods of the flex namespace, of
+  ``network.flex_client_namespaces`` (the gateway or router), and Prometheus;
+- flex pod, compaction sidecar port (``kv-metrics``): the tuner (compaction requests) and
+  Prometheus;
+- tuner, webhook port: Alertmanager (the ``gpupool-tuner`` receiver; by default in the system
+  namespace, beside the configuration Secret the bundle renders for it) and Prometheus.
+
+Ingress only: egress stays open (vLLM downloads weights, the tuner reaches git and
+Prometheus). Peers are selected by the ``kubernetes.io/metadata.name`` label the API server
+puts on every namespace. Enforced only by a CNI that implements NetworkPolicy (Calico,
+Cilium, ...); elsewhere they are inert. Kubelet probes come from the node and are not
+subject to them.
+"""
+
+from __future__ import annotations
+
+from infra.builders.meta import Manifest, metadata, selector_labels
+from infra.builders.rbac import TUNER_SERVICE_ACCOUNT
+from infra.builders.runtime_components import TUNER_PORT
+from infra.builders.workload import COMPONENT, HTTP_PORT
+from policy import PoolPolicy
+from policy.workloads import FlexWorkload
+from runtime.kvcache.sidecar import METRICS_PORT
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""Label the API server sets on every Namespace to its name (immutable, Kubernetes >= 1.21)."""
+
+
+def _namespace(name: str) -> Manifest:
+    return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: name}}}
+
+
+def _pods(namespace: str, pod_labels: dict[str, str]) -> Manifest:
+    """Pods with ``pod_labels`` in ``namespace`` (both must match)."""
+    return _namespace(namespace) | {"podSelector": {"matchLabels": dict(pod_labels)}}
+
+
+def _prometheus(policy: PoolPolicy) -> Manifest:
+    return _pods(policy.network.monitoring_namespace, policy.network.prometheus_pod_labels)
+
+
+def _rule(peers: list[Manifest], port: str) -> Manifest:
+    return {"from": peers, "ports": [{"port": port, "protocol": "TCP"}]}
+
+
+def _policy(name: str, component: str, namespace: str, pods: dict[str, str]) -> Manifest:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(name, component, namespace=namespace, instance=name),
+        "spec": {"podSelector": {"matchLabels": pods}, "policyTypes": ["Ingress"]},
+    }
+
+
+def flex_network_policy(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
+    """Ingress of ``workload``'s pods: vLLM's port, and the sidecar's when it runs."""
+    prometheus = _prometheus(policy)
+    clients = [{"podSelector": {}}, *map(_namespace, policy.network.flex_client_namespaces)]
+    rules = [_rule([*clients, prometheus], HTTP_PORT)]
+    if workload.kv_compaction:
+        tuner = _pods(policy.cluster.system_namespace, selector_labels(TUNER_SERVICE_ACCOUNT))
+        rules.append(_rule([tuner, prometheus], METRICS_PORT))
+    out = _policy(
+        workload.name, COMPONENT, policy.cluster.flex_namespace, selector_labels(workload.name)
+    )
+    out["spec"]["ingress"] = rules
+    return out
+
+
+def tuner_network_policy(policy: PoolPolicy) -> Manifest:
+    """Ingress of the tuner: its webhook and metrics port, from Alertmanager and Prometheus."""
+    out = _policy(
+        TUNER_SERVICE_ACCOUNT,
+        "tuner",
+        policy.cluster.system_namespace,
+        selector_labels(TUNER_SERVICE_ACCOUNT),
+    )
+    network = policy.network
+    alertmanager = network.alertmanager_namespace or policy.cluster.system_namespace
+    peers = [_pods(alertmanager, network.alertmanager_pod_labels), _prometheus(policy)]
+    out["spec"]["ingress"] = [_rule(peers, TUNER_PORT)]
+    return out

@@ -1,0 +1,69 @@
+"""Container image references: validated like the container runtime parses them, and the
+supply-chain warning for references that are not pinned by digest."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import AfterValidator
+
+if TYPE_CHECKING:
+    from policy.pool import PoolPolicy
+
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_NAME = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+_REFERENCE = re.compile(
+    rf"^(?P<name>{_NAME})(?::(?P<tag>[\w][\w.-]{{0,127}}))?(?:@(?P<digest>[^@]+))?$"
+)
+"""The grammar of ``distribution/reference`` (what the kubelet hands the runtime):
+``[host[:port]/]path[:tag][@digest]``; the digest is checked on its own below."""
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+"""The only digest gpupool accepts: ``sha256:`` and 64 lower-case hex digits (OCI)."""
+
+
+def _check_image(value: str) -> str:
+    match = _REFERENCE.match(value)
+    if match is None:
+        raise ValueError(
+            "expected an image reference [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST] "
+            f"(lower-case repository, no spaces), found {value!r}"
+        )
+    digest = match["digest"]
+    if digest is not None and not _DIGEST.match(digest):
+        raise ValueError(
+            f"expected the digest after '@' to be sha256: and 64 lower-case hex digits, "
+            f"found {digest!r} in {value!r}"
+        )
+    return value
+
+
+ImageReference = Annotated[str, AfterValidator(_check_image)]
+"""A container image: ``repository:tag``, or pinned ``repository[:tag]@sha256:<64 hex>``."""
+
+
+def pinned(image: str) -> bool:
+    """Whether ``image`` names its content by digest (a tag can be moved to other content)."""
+    return "@" in image
+
+
+def image_warnings(policy: PoolPolicy) -> list[tuple[str, str]]:
+    """``(field path, message)`` for every image that is not pinned by digest.
+
+    A warning, not an error: tags are how most registries are used, but a tag can be
+    re-pointed, so what runs is not what was reviewed (and ``:latest`` moves by design).
+    """
+    images = [("cluster.runtime_image", policy.cluster.runtime_image)]
+    images += [(f"workloads.{i}.image", w.image) for i, w in enumerate(policy.workloads)]
+    return [
+        (
+            path,
+            f"{image} is referenced by tag only: the registry can move the tag to other "
+            "content; pin it as IMAGE@sha256:<digest> (`docker buildx imagetools inspect "
+            f"{image}` prints it)",
+        )
+        for path, image in images
+        if not pinned(image)
+    ]
