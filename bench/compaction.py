@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.kvcache.mover import BlockMover, coalesce, layer_groups
+from runtime.kvcache.in_vllm.mover import BlockMover, coalesce, layer_groups
 from runtime.kvcache.planner import Move, packed_watermark, plan_moves
 
 GIB = 1024**3
@@ -157,7 +157,7 @@ def _rows(views: list[torch.Tensor], fused: bool, tiles: list[int]) -> dict[str,
     movers["gather"] = BlockMover(views, "gather", fused=False)
     rows: dict[str, Row] = {name: mover.move for name, mover in movers.items()}
     if tiles and fused:
-        from runtime.kvcache.triton_mover import gather_scatter
+        from runtime.kvcache.in_vllm.triton_mover import gather_scatter
 
         groups = movers["fused"].groups
 

@@ -41,27 +41,6 @@ class ElasticThresholds(StrictModel):
         return self
 
 
-RENAMED_FIELDS: dict[tuple[str, ...], str] = {
-    ("elastic", "scale_up_below"): (
-        "renamed elastic.grow_while_production_below: it now reads production's GPU "
-        "utilization, not the cluster mean that counted flex's own load"
-    ),
-    ("elastic", "shed_above"): (
-        "renamed elastic.shed_while_production_above: it now reads production's GPU "
-        "utilization, not the cluster mean that counted flex's own load"
-    ),
-    ("elastic", "idle_gpu_below"): (
-        "removed: headroom is now the GPUs no pod requests (kube-state-metrics), so a GPU "
-        "held by an idle pod is never free; delete the line"
-    ),
-    ("elastic", "flex_target_utilization"): (
-        "removed: it never changed a decision; delete the line"
-    ),
-}
-"""Fields of older policies and what replaced them; the loader reports these instead of
-"unknown field" (docs/policy.md "Migrating from 0.1")."""
-
-
 class Autoscaling(StrictModel):
     """HPA ``behavior`` shared by every flex workload's HorizontalPodAutoscaler."""
 

@@ -51,7 +51,7 @@ class KvCache(StrictModel):
     re-triggers compaction nor makes the instance count as full."""
     compaction_poll_interval: Duration = "15s"
     """How often the compaction sidecar reads the instance's metrics and decides."""
-    compaction_worker_port: int = Field(9400, ge=1024, le=65535)
+    compaction_sidecar_port: int = Field(9400, ge=1024, le=65535)
     """Port of the sidecar's ``/metrics`` (Prometheus) and ``POST /shrink`` (tuner, webhook)."""
 
     @model_validator(mode="after")

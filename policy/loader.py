@@ -12,8 +12,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from policy.base import InvariantViolation
-from policy.elastic import RENAMED_FIELDS
 from policy.images import image_warnings
+from policy.migrations import RENAMED_FIELDS
 from policy.pool import PoolPolicy
 
 DEFAULT_POLICY = Path(__file__).with_name("pool.yaml")

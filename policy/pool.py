@@ -147,10 +147,10 @@ class PoolPolicy(StrictModel):
                 "kv_preservation: off",
             )
             found.require(
-                not w.kv_compaction or w.port != self.kv_cache.compaction_worker_port,
+                not w.kv_compaction or w.port != self.kv_cache.compaction_sidecar_port,
                 f"{at}.port",
                 f"workload {w.name!r} serves vLLM on port {w.port}, the port of the KV "
-                "compaction sidecar in the same pod (kv_cache.compaction_worker_port); "
+                "compaction sidecar in the same pod (kv_cache.compaction_sidecar_port); "
                 "expected a different port",
             )
             host = next((p for p in self.node_pools if p.name == w.pool), None)

@@ -16,13 +16,13 @@ subject to them.
 
 from __future__ import annotations
 
+from infra.builders.compaction_sidecar import METRICS_PORT
 from infra.builders.meta import Manifest, metadata, selector_labels
 from infra.builders.rbac import TUNER_SERVICE_ACCOUNT
 from infra.builders.runtime_components import TUNER_PORT
 from infra.builders.workload import COMPONENT, HTTP_PORT
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
-from runtime.kvcache.sidecar import METRICS_PORT
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 """Label the API server sets on every Namespace to its name (immutable, Kubernetes >= 1.21)."""

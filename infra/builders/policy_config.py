@@ -1,21 +1,21 @@
 """The ``gpupool-policy`` ConfigMap: the policy the KV compaction sidecars read their triggers
-from (``gpupool kv-worker run --policy``), in the flex namespace.
+from (``gpupool kv-sidecar run --policy``), in the flex namespace.
 
 It restates the validated policy without its ``workloads`` list (``model_dump(by_alias=True)``),
 so the sidecar loads it with the same loader and checks as ``gpupool validate``. The
 workloads are left out because no trigger reads them: the ConfigMap then stays the same size
 however many workloads there are (ConfigMaps are capped at 1 MiB) and adding a workload does
 not change it. Running sidecars pick up a changed ConfigMap between polls, without a restart
-(``runtime/kvcache/policy_file.py``); the volume must therefore be mounted whole, not by
+(``runtime/kvcache/sidecar/policy_file.py``); the volume must therefore be mounted whole, not by
 ``subPath``.
 """
 
 from __future__ import annotations
 
+from infra.builders.compaction_sidecar import POLICY_CONFIGMAP, POLICY_FILE
 from infra.builders.meta import Manifest, metadata
 from infra.yaml_text import to_yaml
 from policy import PoolPolicy
-from runtime.kvcache.sidecar import POLICY_CONFIGMAP, POLICY_FILE
 
 
 def sidecar_policy(policy: PoolPolicy) -> PoolPolicy:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from infra.builders.compaction_sidecar import COMPACTION_TOKEN_DIR, compaction_service_address
 from infra.builders.meta import Manifest, metadata, selector_labels
 from infra.builders.rbac import TUNER_SERVICE_ACCOUNT
 from infra.builders.workload import pod_security, pull_secrets
 from policy import PoolPolicy
 from policy.tuner import Tuner
-from runtime.kvcache.sidecar import COMPACTION_TOKEN_DIR, compaction_service_address
 
 STATE_PATH = "/var/lib/gpupool"
 """The pod's emptyDir; the clone is a directory inside it, so git creates (and owns) it."""

@@ -9,10 +9,10 @@ operator simply finds no target there.
 
 from __future__ import annotations
 
+from infra.builders.compaction_sidecar import METRICS_PORT
 from infra.builders.meta import PART_OF, Manifest, metadata
 from infra.builders.workload import COMPONENT, HTTP_PORT
 from policy import PoolPolicy
-from runtime.kvcache.sidecar import METRICS_PORT
 
 INSTANCE_META_LABEL = "__meta_kubernetes_pod_label_app_kubernetes_io_instance"
 """The pod's ``app.kubernetes.io/instance`` label, as Kubernetes service discovery names it."""

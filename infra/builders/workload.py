@@ -14,12 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from infra.builders.meta import Manifest, metadata, selector_labels
-from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
-from infra.builders.rbac import FLEX_SERVICE_ACCOUNT
-from policy import PoolPolicy
-from policy.workloads import FlexWorkload
-from runtime.kvcache.sidecar import (
+from infra.builders.compaction_sidecar import (
     METRICS_PORT,
     compaction_service_name,
     compaction_sidecar,
@@ -28,6 +23,11 @@ from runtime.kvcache.sidecar import (
     vllm_plugin_env,
     vllm_plugin_mounts,
 )
+from infra.builders.meta import Manifest, metadata, selector_labels
+from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
+from infra.builders.rbac import FLEX_SERVICE_ACCOUNT
+from policy import PoolPolicy
+from policy.workloads import FlexWorkload
 from runtime.metrics import catalogue
 
 CACHE_MOUNT_PATH = "/var/lib/gpupool/cache"
@@ -219,7 +219,7 @@ def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[s
 
     ``replicas`` is left out: the HPA owns it, and a rendered value would fight the HPA on
     every sync. With ``workload.kv_compaction`` the pod also gets the plugin's initContainer,
-    the compaction sidecar and their volumes (``runtime.kvcache.sidecar``).
+    the compaction sidecar and their volumes (``infra.builders.compaction_sidecar``).
     """
     pool = policy.pool_of(workload)
     selector = selector_labels(workload.name)
@@ -390,7 +390,7 @@ def compaction_service(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
             "ports": [
                 {
                     "name": METRICS_PORT,
-                    "port": policy.kv_cache.compaction_worker_port,
+                    "port": policy.kv_cache.compaction_sidecar_port,
                     "targetPort": METRICS_PORT,
                     "protocol": "TCP",
                 }

@@ -1,4 +1,4 @@
-"""``gpupool kv-worker``: the compaction sidecar loop, and one-shot requests to the plugin."""
+"""``gpupool kv-sidecar``: the compaction sidecar loop, and one-shot requests to the plugin."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from typing import Annotated, Any
 
 import typer
 
+from infra.builders.compaction_sidecar import SOCKET_PATH, TOKEN_PATH
 from policy import DEFAULT_POLICY, load_policy
 from policy.base import duration_seconds
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.kvcache.control import ControlClient, ControlError, read_token
 from runtime.kvcache.limits import CompactionLimits
-from runtime.kvcache.sidecar import SOCKET_PATH, TOKEN_PATH
 
 kv_app = typer.Typer(
-    name="kv-worker",
+    name="kv-sidecar",
     help="KV-cache compaction: run the sidecar, or ask the engine's plugin directly.",
     no_args_is_help=True,
 )
@@ -121,8 +121,8 @@ def run(
 
     The policy file is re-read before every poll; a new valid version takes effect at once,
     an invalid one is logged and the last good policy stays in use."""
-    from runtime.kvcache.policy_file import PolicyFile
-    from runtime.kvcache.worker import CompactionWorker, serve_http
+    from runtime.kvcache.sidecar.policy_file import PolicyFile
+    from runtime.kvcache.sidecar.service import CompactionSidecar, serve_http
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -144,18 +144,18 @@ def run(
                 compaction_token = read_token(compaction_token_file)
             except ControlError as exc:
                 raise UsageProblem(str(exc)) from None
-    worker = CompactionWorker(
+    sidecar = CompactionSidecar(
         loaded, metrics_url, ControlClient(socket, token), policy_file, workload=workload
     )
-    server = serve_http(worker, host, int(port), token, compaction_token)
+    server = serve_http(sidecar, host, int(port), token, compaction_token)
     done = 0
     try:
         while polls == 0 or done < polls:
-            decision, reply = worker.poll()
+            decision, reply = sidecar.poll()
             typer.echo(json.dumps({"decision": decision.__dict__, "reply": reply}), err=True)
             done += 1
             if polls == 0 or done < polls:
-                time.sleep(duration_seconds(worker.policy.kv_cache.compaction_poll_interval))
+                time.sleep(duration_seconds(sidecar.policy.kv_cache.compaction_poll_interval))
     finally:
         server.shutdown()
 

@@ -30,14 +30,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from policy import PoolPolicy
-from runtime.kvcache.compaction_request import KIND, VERSION
+from runtime.kvcache.sidecar.compaction_request import KIND, VERSION
 from runtime.tuner.decisions import CompactionRequest
 
 TOKEN_ENV = "GPUPOOL_COMPACTION_TOKEN"
 """Environment variable holding the shared compaction token (``tuner.compaction_token_secret``)."""
 log = logging.getLogger(__name__)
 REQUEST_PATH = "/compaction-requests"
-"""Path of the sidecar endpoint (``runtime.kvcache.worker.serve_http``)."""
+"""Path of the sidecar endpoint (``runtime.kvcache.sidecar.service.serve_http``)."""
 
 Resolver = Callable[[str, int], list[str]]
 """``(host, port) -> addresses``; ``resolve`` in production, a fixed list in tests."""

@@ -10,10 +10,10 @@ from typing import Any
 
 import kubernetes_validate
 
+from infra.builders.compaction_sidecar import COMPACTION_TOKEN_DIR, compaction_sidecar
 from infra.builders.runtime_components import tuner_command, tuner_container, tuner_deployment
 from infra.bundle import build_bundle
 from policy import PoolPolicy, parse_policy
-from runtime.kvcache.sidecar import COMPACTION_TOKEN_DIR, compaction_sidecar
 from tests.infra.policies import edited, explicit_args
 
 
@@ -43,7 +43,7 @@ def test_headless_service_selects_the_sidecars_of_compacting_workloads_only() ->
     assert spec["selector"] == found[on.name]["spec"]["selector"]  # the workload's own pods
     (port,) = spec["ports"]
     (sidecar_port,) = compaction_sidecar(policy, on)["ports"]
-    assert port["port"] == sidecar_port["containerPort"] == policy.kv_cache.compaction_worker_port
+    assert port["port"] == sidecar_port["containerPort"] == policy.kv_cache.compaction_sidecar_port
     assert port["targetPort"] == sidecar_port["name"]
 
 
@@ -52,7 +52,7 @@ def test_tuner_posts_to_each_headless_service_with_the_shared_token() -> None:
     on = policy.workloads[0]
     command = tuner_command(policy)
     flagged = [command[i + 1] for i, a in enumerate(command) if a == "--compaction-service"]
-    ns, port = policy.cluster.flex_namespace, policy.kv_cache.compaction_worker_port
+    ns, port = policy.cluster.flex_namespace, policy.kv_cache.compaction_sidecar_port
     assert flagged == [f"{on.name}-kv-compaction.{ns}.svc:{port}"]
 
     settings = policy.tuner

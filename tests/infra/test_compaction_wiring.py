@@ -1,6 +1,6 @@
 """Every flex pod runs the KV compaction sidecar and loads the plugin; the switch removes both.
 
-What the pod must satisfy comes from ``runtime.kvcache.sidecar`` (same user for the 0600
+What the pod must satisfy comes from ``infra.builders.compaction_sidecar`` (same user for the 0600
 socket, the plugin tree on ``PYTHONPATH``) and from Pod Security ``restricted``, which the
 namespaces enforce.
 """
@@ -12,13 +12,7 @@ from typing import Any
 
 import pytest
 
-from infra.builders.meta import Manifest
-from infra.builders.policy_config import policy_text
-from infra.builders.workload import NON_ROOT_UID
-from infra.bundle import build_bundle
-from policy import PoolPolicy, load_policy, parse_policy
-from runtime.kvcache.plugin import ENABLE_ENV, SOCKET_ENV, TOKEN_FILE_ENV
-from runtime.kvcache.sidecar import (
+from infra.builders.compaction_sidecar import (
     CONTROL_DIR,
     PLUGIN_TREE,
     PLUGIN_VOLUME,
@@ -31,6 +25,12 @@ from runtime.kvcache.sidecar import (
     plugin_installer,
     token_secret_name,
 )
+from infra.builders.meta import Manifest
+from infra.builders.policy_config import policy_text
+from infra.builders.workload import NON_ROOT_UID
+from infra.bundle import build_bundle
+from policy import PoolPolicy, load_policy, parse_policy
+from runtime.kvcache.in_vllm.plugin import ENABLE_ENV, SOCKET_ENV, TOKEN_FILE_ENV
 from tests.infra.policies import edited, explicit_args, policy_with, two_workloads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,20 +110,20 @@ def test_every_flex_pod_runs_the_sidecar_and_loads_the_plugin() -> None:
         sidecar = _container(pod, "kv-compaction")
         assert sidecar == compaction_sidecar(policy, workload)
         assert sidecar["image"] == policy.cluster.runtime_image
-        assert sidecar["command"] == ["gpupool", "kv-worker", "run"]
+        assert sidecar["command"] == ["gpupool", "kv-sidecar", "run"]
         args = dict(zip(sidecar["args"][::2], sidecar["args"][1::2], strict=True))
         assert args == {
             "--policy": f"{POLICY_DIR}/{POLICY_FILE}",
             "--metrics-url": f"http://127.0.0.1:{workload.port}/metrics",
             "--socket": SOCKET_PATH,
             "--token-file": _env(_container(pod, "vllm"))[TOKEN_FILE_ENV],
-            "--listen": f"0.0.0.0:{kv.compaction_worker_port}",
+            "--listen": f"0.0.0.0:{kv.compaction_sidecar_port}",
             "--workload": workload.name,
             "--compaction-token-file": f"/etc/gpupool/compaction-token/"
             f"{policy.tuner.compaction_token_key}",
         }
         (port,) = sidecar["ports"]
-        assert (port["name"], port["containerPort"]) == ("kv-metrics", kv.compaction_worker_port)
+        assert (port["name"], port["containerPort"]) == ("kv-metrics", kv.compaction_sidecar_port)
         assert sidecar["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "kv-metrics"}
         # a sidecar that is not ready must never take the serving pod out of its Service
         assert "readinessProbe" not in sidecar and "startupProbe" not in sidecar

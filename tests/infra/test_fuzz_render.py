@@ -126,7 +126,7 @@ def policies(draw: st.DrawFn) -> Any:
         "scale_down_pods_per_minute": draw(st.integers(1, 10)),
     }
     workloads = []
-    sidecar_port = doc["kv_cache"]["compaction_worker_port"]
+    sidecar_port = doc["kv_cache"]["compaction_sidecar_port"]
     for name in draw(st.lists(dns, min_size=0, max_size=3, unique=True)):
         pool = draw(st.sampled_from(pools[1:]))
         max_replicas = draw(st.integers(pdb + 1, 20))

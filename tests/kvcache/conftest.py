@@ -38,7 +38,7 @@ def engine(control_token: tuple[Path, Path, str]) -> Iterator[Engine]:
     os.environ.update(env)
     from vllm import LLM
 
-    from runtime.kvcache import plugin
+    from runtime.kvcache.in_vllm import plugin
 
     plugin.register()  # vLLM loads plugins once per process; another test may have been first
     llm = LLM(

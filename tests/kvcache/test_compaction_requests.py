@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from policy import DEFAULT_POLICY, load_policy
-from runtime.kvcache.compaction_request import KIND, VERSION, RequestRejected, parse_request
 from runtime.kvcache.control import ControlClient, ControlServer
-from runtime.kvcache.triggers import InstanceSample, PoolState, decide, shrink_target
-from runtime.kvcache.worker import CompactionWorker, serve_http
+from runtime.kvcache.sidecar.compaction_request import KIND, VERSION, RequestRejected, parse_request
+from runtime.kvcache.sidecar.service import CompactionSidecar, serve_http
+from runtime.kvcache.sidecar.triggers import InstanceSample, PoolState, decide, shrink_target
 from runtime.tuner.compaction import compaction_payload
 from runtime.tuner.decisions import CompactionRequest, Evidence
 
@@ -61,7 +61,7 @@ class Sidecar:
         metrics = tmp / "metrics.txt"
         metrics.write_text(METRICS)
         client = ControlClient(self.control.path, self.token)
-        self.worker = CompactionWorker(POLICY, metrics.as_uri(), client, workload=workload)
+        self.worker = CompactionSidecar(POLICY, metrics.as_uri(), client, workload=workload)
         self.http = serve_http(self.worker, "127.0.0.1", 0, self.token, shared)
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
 

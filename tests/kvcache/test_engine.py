@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from runtime.kvcache import plugin
 from runtime.kvcache.control import ControlClient, ControlError
-from runtime.kvcache.mover import BlockMover
+from runtime.kvcache.in_vllm import plugin
+from runtime.kvcache.in_vllm.mover import BlockMover
 from tests.kvcache.engine import (
     PREFIX_TOKENS,
     TOTAL_BLOCKS,

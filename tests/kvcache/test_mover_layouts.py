@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.kvcache.mover import BlockMover, LayoutUnsupported, page_geometry
+from runtime.kvcache.in_vllm.mover import BlockMover, LayoutUnsupported, page_geometry
 from runtime.kvcache.planner import Move
 from tests.kvcache.kv_layouts import (
     CASES,

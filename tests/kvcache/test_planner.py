@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.kvcache.mover import BlockMover, Run, coalesce
+from runtime.kvcache.in_vllm.mover import BlockMover, Run, coalesce
 from runtime.kvcache.planner import (
     Move,
     PlanError,
@@ -103,7 +103,7 @@ def test_mover_copies_every_layer_of_a_vllm_shaped_buffer(
 
 
 def test_worker_side_refuses_a_runner_it_does_not_know_before_copying() -> None:
-    from runtime.kvcache.worker_side import RunnerUnsupported, relocate, resize
+    from runtime.kvcache.in_vllm.worker_side import RunnerUnsupported, relocate, resize
 
     class ModelRunnerV2:
         """Stands for a runner without V1's ``requests`` and ``input_batch``."""

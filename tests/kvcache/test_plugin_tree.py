@@ -31,9 +31,11 @@ from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.worker.worker_base import WorkerBase
-import runtime.kvcache.engine_control, runtime.kvcache.scheduler_side, runtime.kvcache.worker_side
+import runtime.kvcache.in_vllm.engine_control
+import runtime.kvcache.in_vllm.scheduler_side
+import runtime.kvcache.in_vllm.worker_side
 print(json.dumps({
-    "plugin": sys.modules["runtime.kvcache.plugin"].__file__,
+    "plugin": sys.modules["runtime.kvcache.in_vllm.plugin"].__file__,
     "engine_hook": hasattr(EngineCore, "gpupool_kv"),
     "worker_hook": hasattr(WorkerBase, "gpupool_kv_resize"),
     "outside_vllm_image": sorted(
@@ -67,7 +69,7 @@ def plugin_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_vllm_loads_the_plugin_from_the_tree_on_pythonpath(plugin_tree: Path) -> None:
     (dist_info,) = plugin_tree.glob("gpupool-*.dist-info")
     assert (
-        "gpupool_kvcache = runtime.kvcache.plugin:register"
+        "gpupool_kvcache = runtime.kvcache.in_vllm.plugin:register"
         in (dist_info / "entry_points.txt").read_text()
     )
     env = dict(os.environ, PYTHONPATH=str(plugin_tree), GPUPOOL_KV_COMPACTION="1")

@@ -22,13 +22,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
+from infra.builders.compaction_sidecar import POLICY_DIR, POLICY_VOLUME, compaction_sidecar
 from infra.builders.policy_config import policy_text, sidecar_policy
 from policy import DEFAULT_POLICY, PolicyError, PoolPolicy, load_policy
 from runtime.cli.app import app
 from runtime.kvcache.control import ControlClient, ControlServer
-from runtime.kvcache.policy_file import PolicyFile
-from runtime.kvcache.sidecar import POLICY_DIR, POLICY_VOLUME, compaction_sidecar
-from runtime.kvcache.worker import CompactionWorker
+from runtime.kvcache.sidecar.policy_file import PolicyFile
+from runtime.kvcache.sidecar.service import CompactionSidecar
 from tests.harness.servers import free_port
 
 USAGE = 0.45
@@ -116,13 +116,13 @@ def plugin(tmp_path: Path) -> Iterator[tuple[ControlClient, list[str]]]:
 
 def started_worker(
     mounted: tuple[Path, Writer], client: ControlClient, tmp_path: Path, threshold: float
-) -> CompactionWorker:
+) -> CompactionSidecar:
     path, write = mounted
     write(configmap_text(threshold))
     metrics = tmp_path / "metrics.txt"
     metrics.write_text(METRICS)
     policy_file = PolicyFile(path)
-    return CompactionWorker(policy_file.load(), metrics.as_uri(), client, policy_file)
+    return CompactionSidecar(policy_file.load(), metrics.as_uri(), client, policy_file)
 
 
 def value(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
@@ -144,12 +144,12 @@ def test_a_valid_change_decides_the_next_poll(
     assert worker.policy.kv_cache.compaction_usage_below == HIGH
     assert decision.action == "shrink" and f"< {HIGH:.2f}" in decision.reason, decision
     assert reply is not None and reply["status"] == "done" and asked[-1] == "shrink"
-    assert value(worker.registry, "gpupool_kv_worker_policy_generation") == 2
+    assert value(worker.registry, "gpupool_kv_sidecar_policy_generation") == 2
     assert worker.policy_file is not None
     assert value(
-        worker.registry, "gpupool_kv_worker_policy_info", {"sha256": worker.policy_file.digest}
+        worker.registry, "gpupool_kv_sidecar_policy_info", {"sha256": worker.policy_file.digest}
     )
-    assert value(worker.registry, "gpupool_kv_worker_policy_reload_errors_total") == 0
+    assert value(worker.registry, "gpupool_kv_sidecar_policy_reload_errors_total") == 0
 
 
 def test_an_invalid_change_keeps_the_last_good_policy_and_is_reported_once(
@@ -164,13 +164,13 @@ def test_an_invalid_change_keeps_the_last_good_policy_and_is_reported_once(
     good_digest = worker.policy_file.digest
     text, line = invalid_text()
     write(text)
-    with caplog.at_level(logging.ERROR, logger="runtime.kvcache.worker"):
+    with caplog.at_level(logging.ERROR, logger="runtime.kvcache.sidecar.service"):
         for _ in range(3):
             decision, _ = worker.poll()
             assert decision.action == "none" and f">= {LOW:.2f}" in decision.reason, decision
     assert worker.policy.kv_cache.compaction_usage_below == LOW
-    assert value(worker.registry, "gpupool_kv_worker_policy_reload_errors_total") == 1
-    assert value(worker.registry, "gpupool_kv_worker_policy_generation") == 1
+    assert value(worker.registry, "gpupool_kv_sidecar_policy_reload_errors_total") == 1
+    assert value(worker.registry, "gpupool_kv_sidecar_policy_generation") == 1
     assert worker.policy_file.digest == good_digest
     assert len(caplog.records) == 1, caplog.text
     assert f"{path}:{line}: kv_cache.compaction_usage_below" in caplog.text
@@ -178,8 +178,8 @@ def test_an_invalid_change_keeps_the_last_good_policy_and_is_reported_once(
     write(configmap_text(HIGH))  # the fix arrives: taken as usual
     decision, _ = worker.poll()
     assert decision.action == "shrink", decision
-    assert value(worker.registry, "gpupool_kv_worker_policy_generation") == 2
-    assert value(worker.registry, "gpupool_kv_worker_policy_reload_errors_total") == 1
+    assert value(worker.registry, "gpupool_kv_sidecar_policy_generation") == 2
+    assert value(worker.registry, "gpupool_kv_sidecar_policy_reload_errors_total") == 1
 
 
 def test_an_unchanged_file_is_not_reloaded(mounted: tuple[Path, Writer]) -> None:
@@ -230,10 +230,10 @@ def test_without_a_policy_file_the_policy_stays_fixed(
     metrics = tmp_path / "metrics.txt"
     metrics.write_text(METRICS)
     policy: PoolPolicy = load_policy(DEFAULT_POLICY)
-    worker = CompactionWorker(policy, metrics.as_uri(), plugin[0])
+    worker = CompactionSidecar(policy, metrics.as_uri(), plugin[0])
     worker.poll()
     assert worker.policy is policy
-    assert value(worker.registry, "gpupool_kv_worker_policy_generation") == 0
+    assert value(worker.registry, "gpupool_kv_sidecar_policy_generation") == 0
 
 
 def test_the_sidecar_command_starts_only_on_a_valid_policy(
@@ -244,7 +244,7 @@ def test_the_sidecar_command_starts_only_on_a_valid_policy(
     metrics = tmp_path / "metrics.txt"
     metrics.write_text(METRICS)
     command = [
-        "kv-worker", "run", "--policy", str(path), "--socket", str(plugin[0].path),
+        "kv-sidecar", "run", "--policy", str(path), "--socket", str(plugin[0].path),
         "--token-file", str(token_file), "--metrics-url", metrics.as_uri(),
         "--listen", f"127.0.0.1:{free_port()}", "--polls", "1",
     ]  # fmt: skip

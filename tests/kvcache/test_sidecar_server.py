@@ -24,7 +24,7 @@ from policy import DEFAULT_POLICY, load_policy
 from runtime.cli.app import app
 from runtime.kvcache.control import ControlClient
 from runtime.kvcache.limits import CompactionLimits
-from runtime.kvcache.worker import CompactionWorker, scrape, serve_http
+from runtime.kvcache.sidecar.service import CompactionSidecar, scrape, serve_http
 from tests.harness.servers import TINY_MODEL, Server, free_port, start_vllm_server
 from tests.kvcache.engine import shared_prefix_prompts
 
@@ -71,7 +71,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     plugins = {ep.value for ep in entry_points(group="vllm.general_plugins")}
-    if "runtime.kvcache.plugin:register" not in plugins:
+    if "runtime.kvcache.in_vllm.plugin:register" not in plugins:
         pytest.fail(
             "the gpupool vLLM plugin is not registered in this environment: run "
             "`pip install --no-deps -e .` so the entry point in pyproject.toml is installed"
@@ -97,7 +97,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 def test_sidecar_shrinks_grows_and_prefix_hits_keep_counting(served: Served) -> None:
     policy = load_policy(DEFAULT_POLICY)
-    worker = CompactionWorker(
+    worker = CompactionSidecar(
         policy, served.server.url + "/metrics", ControlClient(served.socket, served.token)
     )
     prompts = shared_prefix_prompts(12, seed=3)
@@ -141,7 +141,7 @@ def test_sidecar_shrinks_grows_and_prefix_hits_keep_counting(served: Served) -> 
         assert 'gpupool_kv_resizes_total{direction="grow"} 1.0' in text
         assert "gpupool_kv_pause_seconds_count 3.0" in text  # compact, shrink, grow
         assert 'gpupool_kv_compactions_total{outcome="done"} 1.0' in text
-        assert 'gpupool_kv_worker_decisions_total{action="grow",status="done"} 1.0' in text
+        assert 'gpupool_kv_sidecar_decisions_total{action="grow",status="done"} 1.0' in text
         assert f"gpupool_kv_usable_blocks {float(POOL_BLOCKS)}" in text
 
         def post(token: str) -> int:
@@ -168,15 +168,15 @@ def test_sidecar_shrinks_grows_and_prefix_hits_keep_counting(served: Served) -> 
 def test_cli_talks_to_the_plugin_and_reports_a_bad_token(served: Served, tmp_path: Path) -> None:
     runner = CliRunner()
     common = ["--socket", str(served.socket), "--token-file", str(served.token_file)]
-    status = runner.invoke(app, ["kv-worker", "status", *common])
+    status = runner.invoke(app, ["kv-sidecar", "status", *common])
     assert status.exit_code == 0, status.output
     assert json.loads(status.stdout)["original_blocks"] == POOL_BLOCKS
-    compacted = runner.invoke(app, ["kv-worker", "compact", *common])
+    compacted = runner.invoke(app, ["kv-sidecar", "compact", *common])
     assert compacted.exit_code == 0 and json.loads(compacted.stdout)["status"] in ("done", "noop")
     one_poll = runner.invoke(
         app,
         [
-            "kv-worker", "run", *common, "--metrics-url", served.server.url + "/metrics",
+            "kv-sidecar", "run", *common, "--metrics-url", served.server.url + "/metrics",
             "--listen", f"127.0.0.1:{free_port()}", "--polls", "1",
         ],
     )  # fmt: skip
@@ -190,6 +190,6 @@ def test_cli_talks_to_the_plugin_and_reports_a_bad_token(served: Served, tmp_pat
     wrong = tmp_path / "token"
     wrong.write_text("not-the-token")
     refused = runner.invoke(
-        app, ["kv-worker", "status", "--socket", str(served.socket), "--token-file", str(wrong)]
+        app, ["kv-sidecar", "status", "--socket", str(served.socket), "--token-file", str(wrong)]
     )
     assert refused.exit_code == 1 and "unauthorized" in refused.output

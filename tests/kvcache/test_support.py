@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from policy import PolicyError, load_policy, parse_policy
-from runtime.kvcache import plugin, scheduler_side
-from runtime.kvcache.engine_control import EngineController
-from runtime.kvcache.support import engine_refusal
+from runtime.kvcache.in_vllm import plugin, scheduler_side
+from runtime.kvcache.in_vllm.engine_control import EngineController
+from runtime.kvcache.in_vllm.support import engine_refusal
 from tests.kvcache.engine import Engine, limits, shared_prefix_prompts
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from runtime.kvcache import plugin, scheduler_side, worker_side
 from runtime.kvcache.control import ControlClient
+from runtime.kvcache.in_vllm import plugin, scheduler_side, worker_side
 from runtime.kvcache.planner import Move
 from tests.kvcache.engine import (
     Engine,

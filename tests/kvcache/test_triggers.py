@@ -5,16 +5,22 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from policy import DEFAULT_POLICY, load_policy
-from policy.kvcache import KvCache
-from runtime.kvcache.sidecar import (
+from infra.builders.compaction_sidecar import (
     compaction_sidecar,
     compaction_volumes,
     vllm_plugin_env,
     vllm_plugin_mounts,
 )
-from runtime.kvcache.triggers import InstanceSample, PoolState, decide, hit_rate, shrink_target
-from runtime.kvcache.worker import parse_sample
+from policy import DEFAULT_POLICY, load_policy
+from policy.kvcache import KvCache
+from runtime.kvcache.sidecar.service import parse_sample
+from runtime.kvcache.sidecar.triggers import (
+    InstanceSample,
+    PoolState,
+    decide,
+    hit_rate,
+    shrink_target,
+)
 
 KV = KvCache()
 FULL = PoolState(usable_blocks=1000, original_blocks=1000, occupied_blocks=120)
@@ -131,4 +137,4 @@ def test_sidecar_spec_is_a_valid_container_in_a_flex_pod() -> None:
     kubernetes_validate.validate(pod, "1.30.0", strict=True)
     assert sidecar["image"] == policy.cluster.runtime_image
     assert f"http://127.0.0.1:{workload.port}/metrics" in sidecar["args"]
-    assert sidecar["ports"][0]["containerPort"] == policy.kv_cache.compaction_worker_port
+    assert sidecar["ports"][0]["containerPort"] == policy.kv_cache.compaction_sidecar_port

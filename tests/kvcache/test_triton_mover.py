@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from runtime.kvcache.mover import BlockMover, layer_groups
+from runtime.kvcache.in_vllm.mover import BlockMover, layer_groups
 from runtime.kvcache.planner import Move
 from tests.kvcache.kv_layouts import (
     CASES,
@@ -32,14 +32,14 @@ from tests.kvcache.kv_layouts import (
 
 @pytest.fixture(scope="module")
 def interpreted() -> Iterator[ModuleType]:
-    """``runtime.kvcache.triton_mover`` built for the interpreter.
+    """``runtime.kvcache.in_vllm.triton_mover`` built for the interpreter.
 
     The variable stays set while this module's tests run (Triton reads it again when it
     launches); afterwards it is restored and the module rebuilt as it was.
     """
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    name = "runtime.kvcache.triton_mover"
+    name = "runtime.kvcache.in_vllm.triton_mover"
     module = importlib.reload(sys.modules[name]) if name in sys.modules else None
     module = module or importlib.import_module(name)
     assert module.INTERPRETED
@@ -94,7 +94,7 @@ def test_tiles_cover_each_page_exactly(
 
 def test_fused_is_the_default_exactly_on_cuda(interpreted: ModuleType) -> None:
     assert not BlockMover([torch.zeros(NUM_BLOCKS, 8)]).fused
-    from runtime.kvcache.mover import _fused_default
+    from runtime.kvcache.in_vllm.mover import _fused_default
 
     assert _fused_default(torch.device("cuda"))
     assert not _fused_default(torch.device("cpu"))

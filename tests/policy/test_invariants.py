@@ -123,24 +123,25 @@ def test_model_is_frozen() -> None:
 
 
 @pytest.mark.parametrize(
-    ("old", "words"),
+    ("section", "old", "words"),
     [
-        ("scale_up_below", ["grow_while_production_below", "production"]),
-        ("shed_above", ["shed_while_production_above", "production"]),
-        ("idle_gpu_below", ["removed", "delete the line"]),
-        ("flex_target_utilization", ["removed"]),
+        ("elastic", "scale_up_below", ["grow_while_production_below", "production"]),
+        ("elastic", "shed_above", ["shed_while_production_above", "production"]),
+        ("elastic", "idle_gpu_below", ["removed", "delete the line"]),
+        ("elastic", "flex_target_utilization", ["removed"]),
+        ("kv_cache", "compaction_worker_port", ["renamed kv_cache.compaction_sidecar_port"]),
     ],
 )
 def test_a_policy_from_before_the_rename_says_what_replaced_each_field(
-    tmp_path: Path, old: str, words: list[str]
+    tmp_path: Path, section: str, old: str, words: list[str]
 ) -> None:
     doc = _default()
-    doc["elastic"][old] = 0.5
+    doc[section][old] = 0.5
     source = _write(doc, tmp_path)
     with pytest.raises(PolicyError) as caught:
         load_policy(source)
     (problem,) = caught.value.problems
-    assert problem.path == f"elastic.{old}"
+    assert problem.path == f"{section}.{old}"
     assert "unknown field" not in problem.message
     for word in words:
         assert word in problem.message, problem.message

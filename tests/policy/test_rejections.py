@@ -171,7 +171,7 @@ CASES: list[tuple[str, Edit, str, list[str]]] = [
         "vllm-port-is-the-sidecar-port",
         _set(workloads__0__port=9400),
         "workloads.0.port",
-        ["port 9400", "compaction_worker_port", "expected a different port"],
+        ["port 9400", "compaction_sidecar_port", "expected a different port"],
     ),
     (
         "absurd-max-replicas",

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from policy import DEFAULT_POLICY, load_policy
 from runtime.cli.app import app
 from runtime.kvcache.control import ControlClient
-from runtime.kvcache.worker import CompactionWorker, serve_http
+from runtime.kvcache.sidecar.service import CompactionSidecar, serve_http
 from runtime.tuner import compaction
 from runtime.tuner.decisions import CompactionRequest, Evidence
 from tests.harness.servers import free_port
@@ -31,13 +31,13 @@ PAYLOAD = compaction.compaction_payload(
 
 
 @pytest.fixture
-def pods(tmp_path: Path) -> Iterator[tuple[int, list[CompactionWorker]]]:
+def pods(tmp_path: Path) -> Iterator[tuple[int, list[CompactionSidecar]]]:
     """Two sidecars of the shipped policy's first workload on one port, two addresses."""
     port = free_port()
     workers, servers = [], []
     client = ControlClient(tmp_path / "absent.sock", TOKEN)
     for address in ADDRESSES:
-        worker = CompactionWorker(
+        worker = CompactionSidecar(
             POLICY, "file:///absent", client, workload=POLICY.workloads[0].name
         )
         try:
@@ -52,7 +52,7 @@ def pods(tmp_path: Path) -> Iterator[tuple[int, list[CompactionWorker]]]:
 
 
 def test_every_resolved_pod_receives_the_request(
-    pods: tuple[int, list[CompactionWorker]],
+    pods: tuple[int, list[CompactionSidecar]],
 ) -> None:
     port, workers = pods
     asked: list[tuple[str, int]] = []
@@ -69,7 +69,7 @@ def test_every_resolved_pod_receives_the_request(
 
 
 def test_refusals_and_dead_pods_are_counted_not_raised(
-    pods: tuple[int, list[CompactionWorker]],
+    pods: tuple[int, list[CompactionSidecar]],
 ) -> None:
     port, workers = pods
     dead = "127.0.0.3"  # nothing listens there
@@ -96,7 +96,7 @@ def test_resolve_uses_the_system_resolver() -> None:
 
 
 def test_outcome_is_partial_when_some_targets_failed(
-    pods: tuple[int, list[CompactionWorker]],
+    pods: tuple[int, list[CompactionSidecar]],
 ) -> None:
     port, _ = pods
     reachable = f"127.0.0.1:{port}"

@@ -224,7 +224,7 @@ def test_silence(
 
 
 @pytest.fixture
-def compaction_worker() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def compaction_sidecar() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """An HTTP endpoint standing where the compaction worker listens; records requests."""
     received: list[dict[str, Any]] = []
 
@@ -247,9 +247,9 @@ def compaction_worker() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 def test_low_hit_rate_with_sparse_cache_requests_compaction(
     scenario_prometheus: Server,
     policy_repo: Path,
-    compaction_worker: tuple[str, list[dict[str, Any]]],
+    compaction_sidecar: tuple[str, list[dict[str, Any]]],
 ) -> None:
-    url, received = compaction_worker
+    url, received = compaction_sidecar
     report = _cycle(scenario_prometheus, policy_repo, "kv_sparse", compaction_url=url)
     assert report.decision.proposal is None
     assert _tuner_branches(policy_repo) == []

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from runtime.kvcache.in_vllm.mover import BlockMover
 from runtime.kvcache.limits import Strategy
-from runtime.kvcache.mover import BlockMover
 from runtime.kvcache.planner import Move
 
 
@@ -35,8 +35,8 @@ def _require_v1_runner(runner: Any) -> None:
     if not (hasattr(runner, "requests") and hasattr(runner, "input_batch")):
         raise RunnerUnsupported(
             f"{type(runner).__name__} is not vLLM's V1 model runner; set "
-            "VLLM_USE_V2_MODEL_RUNNER=0 on instances that compact (runtime.kvcache.sidecar "
-            "does)"
+            "VLLM_USE_V2_MODEL_RUNNER=0 on instances that compact "
+            "(infra.builders.compaction_sidecar does)"
         )
 
 

@@ -89,8 +89,8 @@ def register() -> None:
 def _install_worker_methods() -> None:
     from vllm.v1.worker.worker_base import WorkerBase
 
-    from runtime.kvcache import worker_side
-    from runtime.kvcache.support import worker_refusal
+    from runtime.kvcache.in_vllm import worker_side
+    from runtime.kvcache.in_vllm.support import worker_refusal
 
     def gpupool_kv_relocate(self: Any, pairs: list[tuple[int, int]], strategy: Strategy) -> int:
         moves = [Move(int(s), int(d)) for s, d in pairs]
@@ -175,7 +175,7 @@ def _lock(core: Any) -> threading.RLock:
 
 def controller(core: Any) -> Any:
     """The engine's ``EngineController`` (created on first use, after the scheduler exists)."""
-    from runtime.kvcache.engine_control import EngineController
+    from runtime.kvcache.in_vllm.engine_control import EngineController
 
     found = core.__dict__.get("_gpupool_controller")
     if found is None:
@@ -187,7 +187,7 @@ def _install_engine_hooks() -> None:
     from vllm.v1.engine.core import EngineCore, EngineCoreProc
 
     from runtime.kvcache.control import ControlServer, read_token
-    from runtime.kvcache.engine_control import refusal
+    from runtime.kvcache.in_vllm.engine_control import refusal
 
     def locked(method: Callable[..., Any]) -> Callable[..., Any]:
         def run(self: Any, *a: Any, **kw: Any) -> Any:

@@ -281,7 +281,7 @@ class BlockMover:
         device = self.groups[0].device
         self.fused = _fused_default(device) if fused is None else fused
         if self.fused:
-            from runtime.kvcache import triton_mover
+            from runtime.kvcache.in_vllm import triton_mover
 
             if device.type != "cuda" and not triton_mover.INTERPRETED:
                 raise ValueError(f"fused moves need CUDA tensors, found them on {device}")
@@ -314,7 +314,7 @@ class BlockMover:
             src = torch.tensor([m.src for m in moves], dtype=torch.int64, device=device)
             dst = torch.tensor([m.dst for m in moves], dtype=torch.int64, device=device)
             if self.fused:
-                from runtime.kvcache import triton_mover
+                from runtime.kvcache.in_vllm import triton_mover
 
                 for group in self.groups:
                     triton_mover.gather_scatter(group, src, dst)

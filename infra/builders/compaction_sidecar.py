@@ -17,10 +17,10 @@ from typing import Any
 
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
-from runtime.kvcache.plugin import ENABLE_ENV, SOCKET_ENV, TOKEN_FILE_ENV
+from runtime.kvcache.in_vllm.plugin import ENABLE_ENV, SOCKET_ENV, TOKEN_FILE_ENV
 
 METRICS_PORT = "kv-metrics"
-"""Name of the sidecar's port: ``/metrics`` (plugin + worker metrics), ``POST /shrink`` and
+"""Name of the sidecar's port: ``/metrics`` (plugin + sidecar metrics), ``POST /shrink`` and
 ``POST /compaction-requests``."""
 CONTROL_DIR = "/run/gpupool"
 SOCKET_PATH = f"{CONTROL_DIR}/kv.sock"
@@ -67,7 +67,7 @@ def compaction_service_name(workload: FlexWorkload) -> str:
 def compaction_service_address(policy: PoolPolicy, workload: FlexWorkload) -> str:
     """``HOST:PORT`` the tuner posts compaction requests to (``--compaction-service``)."""
     host = f"{compaction_service_name(workload)}.{policy.cluster.flex_namespace}.svc"
-    return f"{host}:{policy.kv_cache.compaction_worker_port}"
+    return f"{host}:{policy.kv_cache.compaction_sidecar_port}"
 
 
 def vllm_plugin_env() -> list[dict[str, str]]:
@@ -144,12 +144,12 @@ def compaction_volumes(policy: PoolPolicy, workload: FlexWorkload) -> list[dict[
 
 
 def compaction_sidecar(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, Any]:
-    """Container spec of the compaction worker in ``workload``'s pod."""
+    """Container spec of the compaction sidecar in ``workload``'s pod."""
     kv = policy.kv_cache
     return {
         "name": "kv-compaction",
         "image": policy.cluster.runtime_image,
-        "command": ["gpupool", "kv-worker", "run"],
+        "command": ["gpupool", "kv-sidecar", "run"],
         "args": [
             "--policy",
             f"{POLICY_DIR}/{POLICY_FILE}",
@@ -160,14 +160,14 @@ def compaction_sidecar(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, 
             "--token-file",
             TOKEN_PATH,
             "--listen",
-            f"0.0.0.0:{kv.compaction_worker_port}",
+            f"0.0.0.0:{kv.compaction_sidecar_port}",
             "--workload",
             workload.name,
             "--compaction-token-file",
             f"{COMPACTION_TOKEN_DIR}/{policy.tuner.compaction_token_key}",
         ],
         "ports": [
-            {"name": METRICS_PORT, "containerPort": kv.compaction_worker_port, "protocol": "TCP"}
+            {"name": METRICS_PORT, "containerPort": kv.compaction_sidecar_port, "protocol": "TCP"}
         ],
         # Liveness only: a sidecar that is not ready must not take the pod out of its Service.
         "livenessProbe": {

@@ -27,11 +27,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_
 from prometheus_client.parser import text_string_to_metric_families
 
 from policy import PoolPolicy
-from runtime.kvcache.compaction_request import CompactionOrder, RequestRejected, parse_request
 from runtime.kvcache.control import ControlClient, ControlError
 from runtime.kvcache.limits import CompactionLimits
-from runtime.kvcache.policy_file import PolicyFile
-from runtime.kvcache.triggers import Decision, InstanceSample, PoolState, decide
+from runtime.kvcache.sidecar.compaction_request import (
+    CompactionOrder,
+    RequestRejected,
+    parse_request,
+)
+from runtime.kvcache.sidecar.policy_file import PolicyFile
+from runtime.kvcache.sidecar.triggers import Decision, InstanceSample, PoolState, decide
 
 USAGE = "vllm:kv_cache_usage_perc"
 QUERIES = "vllm:prefix_cache_queries_total"
@@ -63,7 +67,7 @@ def scrape(url: str, timeout_s: float = 5.0) -> InstanceSample | None:
 
 
 @dataclass
-class CompactionWorker:
+class CompactionSidecar:
     """State of one sidecar: the policy in use, the last sample, the last compaction, a
     pending shrink request and a pending compaction order. Without ``policy_file`` the policy
     never changes; without ``workload`` compaction requests are refused."""
@@ -82,28 +86,28 @@ class CompactionWorker:
 
     def __post_init__(self) -> None:
         self.decisions = Counter(
-            "gpupool_kv_worker_decisions",
+            "gpupool_kv_sidecar_decisions",
             "Sidecar decisions by action and outcome reported by the plugin.",
             ["action", "status"],
             registry=self.registry,
         )
         self.errors = Counter(
-            "gpupool_kv_worker_errors",
+            "gpupool_kv_sidecar_errors",
             "Polls that could not read metrics or reach the plugin.",
             registry=self.registry,
         )
         self.policy_reload_errors = Counter(
-            "gpupool_kv_worker_policy_reload_errors",
+            "gpupool_kv_sidecar_policy_reload_errors",
             "New versions of the policy file that failed validation (the last good one stays).",
             registry=self.registry,
         )
         self.policy_generation = Gauge(
-            "gpupool_kv_worker_policy_generation",
+            "gpupool_kv_sidecar_policy_generation",
             "Versions of the policy file put in use since the sidecar started (1 = the first).",
             registry=self.registry,
         )
         self.policy_info = Info(
-            "gpupool_kv_worker_policy",
+            "gpupool_kv_sidecar_policy",
             "SHA-256 of the policy file version in use.",
             registry=self.registry,
         )
@@ -216,7 +220,11 @@ class CompactionWorker:
 
 
 def serve_http(
-    worker: CompactionWorker, host: str, port: int, token: str, compaction_token: str | None = None
+    sidecar: CompactionSidecar,
+    host: str,
+    port: int,
+    token: str,
+    compaction_token: str | None = None,
 ) -> ThreadingHTTPServer:
     """Start the sidecar's HTTP server in a daemon thread (``GET /metrics``, ``POST /shrink``,
     ``POST /compaction-requests``); ``compaction_token`` is also accepted on the last."""
@@ -226,7 +234,7 @@ def serve_http(
             if self.path != "/metrics":
                 self._reply(404, b"not found\n")
                 return
-            self._reply(200, worker.exposition(), "text/plain; version=0.0.4")
+            self._reply(200, sidecar.exposition(), "text/plain; version=0.0.4")
 
         def do_POST(self) -> None:
             supplied = self.headers.get("Authorization", "").removeprefix("Bearer ").encode()
@@ -245,12 +253,12 @@ def serve_http(
                 except (ValueError, KeyError, TypeError):
                     self._reply(400, b'expected JSON {"num_blocks": N}\n')
                     return
-                worker.request_shrink(num_blocks)
+                sidecar.request_shrink(num_blocks)
                 self._reply(202, b"queued\n")
 
         def _compaction_request(self) -> None:
             try:
-                order = worker.request_compaction(self._body())
+                order = sidecar.request_compaction(self._body())
             except RequestRejected as exc:
                 self._reply(exc.status, f"{exc}\n".encode())
                 return

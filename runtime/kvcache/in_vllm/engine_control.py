@@ -20,9 +20,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from runtime.kvcache import scheduler_side
+from runtime.kvcache.in_vllm import scheduler_side
+from runtime.kvcache.in_vllm.metrics import CompactionMetrics
+from runtime.kvcache.in_vllm.saturation import deferral_reason
+from runtime.kvcache.in_vllm.support import engine_refusal
 from runtime.kvcache.limits import CompactionLimits, Strategy
-from runtime.kvcache.metrics import CompactionMetrics
 from runtime.kvcache.planner import (
     Move,
     PlanError,
@@ -30,8 +32,6 @@ from runtime.kvcache.planner import (
     packed_watermark,
     plan_moves,
 )
-from runtime.kvcache.saturation import deferral_reason
-from runtime.kvcache.support import engine_refusal
 
 RELOCATE_RPC = "gpupool_kv_relocate"
 """Worker method (added by the plugin) that copies blocks and renames block-table ids."""
