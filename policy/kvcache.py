@@ -46,9 +46,16 @@ class KvCache(StrictModel):
     """Most KV blocks one compaction pass moves while the engine pauses; a larger backlog is
     packed over several passes, highest blocks first (bounds the pause on a big pool)."""
     shrink_target_usage: Fraction = 0.60
-    """After compaction the sidecar shrinks the pool so occupied blocks fill this share;
-    between ``compaction_usage_below`` and ``page_table_max_usage`` so a shrink neither
-    re-triggers compaction nor makes the instance count as full."""
+    """After compaction the sidecar shrinks the pool so the blocks requests hold, plus the
+    prefix cache it keeps (``shrink_prefix_cache_share``), fill this share; between
+    ``compaction_usage_below`` and ``page_table_max_usage`` so a shrink neither re-triggers
+    compaction nor makes the instance count as full."""
+    shrink_prefix_cache_share: Fraction = 0.10
+    """Prefix-cache budget of a shrink target: of the cached blocks no request holds, it
+    counts at most this share of the pool the engine started with (counting all of them, a
+    warm cache, where every block once used keeps its hash, would never let the pool
+    shrink). Cached blocks the shrunk pool cannot hold are evicted, least recently used
+    first; 0 keeps only those that fit in the headroom. Below ``shrink_target_usage``."""
     compaction_poll_interval: Duration = "15s"
     """How often the compaction sidecar reads the instance's metrics and decides."""
     compaction_sidecar_port: int = Field(9400, ge=1024, le=65535)
@@ -77,6 +84,13 @@ class KvCache(StrictModel):
             f"compaction_usage_below ({self.compaction_usage_below}) and page_table_max_usage "
             f"({self.page_table_max_usage}): a shrunk pool must neither re-trigger compaction "
             "nor count as full",
+        )
+        found.require(
+            self.shrink_prefix_cache_share < self.shrink_target_usage,
+            "shrink_prefix_cache_share",
+            f"shrink_prefix_cache_share ({self.shrink_prefix_cache_share}) must be below "
+            f"shrink_target_usage ({self.shrink_target_usage}): a warm prefix cache would size "
+            "every shrink target at or above the whole pool; lower shrink_prefix_cache_share",
         )
         found.raise_if_any()
         return self

@@ -17,6 +17,16 @@ from runtime.vllm.backends import BlockRule, block_rule, check_block_size
 from runtime.vllm.model_spec import ModelSpec
 
 GIB = 1024**3
+CUDA_CONTEXT_BYTES = 1 * GIB
+"""GPU memory a vLLM worker already holds when its start-up check measures free memory: the
+CUDA context (about 0.5 GiB with CUDA 12 on Hopper, not measured here) and NCCL's buffers
+for tensor parallelism. The activation reserve covers it, so ``--gpu-memory-utilization``
+leaves it out; counted twice, a weights-bound plan (weights + reserve + KV = the whole GPU)
+would ask for more free memory than an idle GPU has after the context exists."""
+UTILIZATION_GRAIN = 1_000_000
+"""``--gpu-memory-utilization`` is emitted in millionths of the GPU (150 KB on 140 GiB): its
+rounding up stays far below what the CUDA context's size varies by, so a weights-bound plan
+still starts on an idle GPU."""
 
 
 class KvPlanError(ValueError):
@@ -82,6 +92,30 @@ class KvCachePlan:
     def page_bytes_per_layer(self) -> int:
         """Bytes of one block in one layer: vLLM's ``page_size_bytes``."""
         return self.bytes_per_token_per_layer * self.block_size
+
+    @property
+    def startup_bytes(self) -> int:
+        """What the worker allocates after vLLM's start-up memory check: weights, the KV cache
+        and the activation reserve less the part of it that exists by then
+        (``CUDA_CONTEXT_BYTES``)."""
+        reserve = max(self.activation_reserve_bytes - CUDA_CONTEXT_BYTES, 0)
+        return self.weight_bytes + self.kv_cache_bytes + reserve
+
+    @property
+    def gpu_memory_utilization(self) -> str | None:
+        """``--gpu-memory-utilization``: the smallest share of the GPU, rounded up to
+        ``UTILIZATION_GRAIN``, that covers ``startup_bytes``; None on the CPU backend.
+
+        vLLM 0.32 refuses to start unless free memory >= ceil(total x utilization)
+        (``vllm/v1/worker/utils.py`` ``request_memory``, called from ``Worker.init_device``
+        after the CUDA context and NCCL exist), even with ``--kv-cache-memory-bytes``, which
+        alone sizes the KV. Its default 0.92 asks a restarted flex pod for 92 % of the GPU
+        whatever it needs; this asks for what it will allocate. The CPU worker skips the
+        check when the KV bytes are given."""
+        if self.backend.vllm_name.startswith("CPU"):
+            return None
+        grains = -(-self.startup_bytes * UTILIZATION_GRAIN // self.gpu_memory_bytes)
+        return f"{grains / UTILIZATION_GRAIN:.6f}"
 
     @property
     def block_bytes(self) -> int:
@@ -172,6 +206,15 @@ class KvCachePlan:
                 "--kv-cache-memory-bytes",
                 f"{self.kv_cache_bytes:,}",
                 f"{bound}, rounded down to whole blocks",
+            ),
+            Derivation(
+                "--gpu-memory-utilization",
+                self.gpu_memory_utilization or "none",
+                f"(weights + KV + activation reserve - {_gib(CUDA_CONTEXT_BYTES)} CUDA context) "
+                f"/ GPU = {_gib(self.startup_bytes)} / {_gib(self.gpu_memory_bytes)}, rounded "
+                "up: vLLM starts when that much of the GPU is free"
+                if self.gpu_memory_utilization
+                else "CPU backend: vLLM checks no free memory when the KV bytes are given",
             ),
             Derivation(
                 "KV blocks",
@@ -299,6 +342,10 @@ def render_args(plan: KvCachePlan) -> list[str]:
         str(plan.block_size),
         "--kv-cache-memory-bytes",
         str(plan.kv_cache_bytes),
+    ]
+    if plan.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", plan.gpu_memory_utilization]
+    args += [
         "--enable-prefix-caching" if plan.prefix_caching else "--no-enable-prefix-caching",
         "--kv-cache-dtype",
         plan.kv_dtype_flag,

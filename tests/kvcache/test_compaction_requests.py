@@ -27,7 +27,10 @@ from runtime.tuner.decisions import CompactionRequest, Evidence
 
 POLICY = load_policy(DEFAULT_POLICY)
 WORKLOAD = POLICY.workloads[0].name
-POOL = {"usable_blocks": 1000, "original_blocks": 1000, "occupied_blocks": 120}
+POOL = {
+    "usable_blocks": 1000, "original_blocks": 1000, "occupied_blocks": 120, "held_blocks": 120,
+    "max_model_len": 512, "block_size": 32, "blocks_short": 0,
+}  # fmt: skip
 USAGE_ABOVE = POLICY.kv_cache.compaction_usage_below + 0.05
 """KV usage the instance reports: above the threshold, so only a request can compact."""
 METRICS = (
@@ -197,7 +200,7 @@ def test_requested_compaction_still_waits_for_the_min_interval() -> None:
 
 
 def test_grow_on_a_low_hit_rate_wins_over_a_requested_compaction() -> None:
-    shrunk = PoolState(usable_blocks=500, original_blocks=1000, occupied_blocks=120)
+    shrunk = PoolState(**{**POOL, "usable_blocks": 500})
     before = InstanceSample(at_s=900.0, usage=0.1, prefix_queries=0, prefix_hits=0)
     after = InstanceSample(at_s=1000.0, usage=0.1, prefix_queries=100, prefix_hits=0)
     decision = decide(

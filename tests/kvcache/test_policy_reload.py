@@ -42,7 +42,10 @@ METRICS = (
     "# TYPE vllm:prefix_cache_hits counter\n"
     'vllm:prefix_cache_hits_total{engine="0"} 600.0\n'
 )
-POOL = {"usable_blocks": 1000, "original_blocks": 1000, "occupied_blocks": 120}
+POOL = {
+    "usable_blocks": 1000, "original_blocks": 1000, "occupied_blocks": 120, "held_blocks": 120,
+    "max_model_len": 512, "block_size": 32, "blocks_short": 0,
+}  # fmt: skip
 
 Writer = Callable[[str], None]
 

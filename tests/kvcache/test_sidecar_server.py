@@ -119,10 +119,15 @@ def test_sidecar_shrinks_grows_and_prefix_hits_keep_counting(served: Served) -> 
     assert status["highest_occupied"] < status["usable_blocks"] == decision.num_blocks
 
     before = scrape(served.server.url + "/metrics")
-    again = served.complete(prompts)
+    # four at a time: all twelve at once do not fit the pool sized for the idle cache, and
+    # their preemptions would grow it back (triggers.grow_reason) before the hit-rate rule
+    again = [
+        tokens for i in range(0, len(prompts), 4) for tokens in served.complete(prompts[i : i + 4])
+    ]
     after = scrape(served.server.url + "/metrics")
     assert again == first
     assert before is not None and after is not None
+    assert before.preemptions is not None and after.preemptions == before.preemptions
     assert after.prefix_hits - before.prefix_hits >= len(prompts) * 96  # moved prefixes hit
 
     settled, _ = worker.poll()  # high hit rate, usage near the shrink target: nothing to do

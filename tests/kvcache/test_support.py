@@ -78,7 +78,7 @@ def test_the_tiny_engine_itself_is_supported(engine: Engine) -> None:
 
 
 def test_several_groups_and_other_specs_are_refused(engine: Engine) -> None:
-    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, SlidingWindowSpec
 
     real = engine.core.scheduler.kv_cache_config
     (group,) = real.kv_cache_groups
@@ -86,16 +86,20 @@ def test_several_groups_and_other_specs_are_refused(engine: Engine) -> None:
     two.kv_cache_groups = [group, group]
     assert "2 KV cache groups" in (engine_refusal(None, two) or "")
     spec = group.kv_cache_spec
-    window = SlidingWindowSpec(
-        block_size=spec.block_size,
-        num_kv_heads=spec.num_kv_heads,
-        head_size=spec.head_size,
-        dtype=spec.dtype,
-        sliding_window=128,
-    )
+    shape = {
+        "block_size": spec.block_size,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_size": spec.head_size,
+        "dtype": spec.dtype,
+    }
+    chunked = copy.copy(real)
+    local = ChunkedLocalAttentionSpec(**shape, attention_chunk_size=128)
+    chunked.kv_cache_groups = [replace(group, kv_cache_spec=local)]
+    assert "ChunkedLocalAttentionSpec" in (engine_refusal(None, chunked) or "")
     sliding = copy.copy(real)
+    window = SlidingWindowSpec(**shape, sliding_window=128)
     sliding.kv_cache_groups = [replace(group, kv_cache_spec=window)]
-    assert "SlidingWindowSpec" in (engine_refusal(None, sliding) or "")
+    assert engine_refusal(None, sliding) is None  # one window group: renamed with nulls
     assert engine_refusal(None, real) is None
 
 

@@ -35,3 +35,7 @@ def test_deployment_args_equal_vllm_args(policy_file: Path) -> None:
         )
         assert result.exit_code == 0, result.output
         assert container["args"] == json.loads(result.stdout)
+        # vLLM's start-up check reads it on a GPU only (docs/vllm.md)
+        (workload,) = [w for w in inputs.policy.workloads if w.name == name]
+        on_gpu = workload.attention_backend != "cpu"
+        assert ("--gpu-memory-utilization" in container["args"]) == on_gpu

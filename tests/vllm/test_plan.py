@@ -255,3 +255,58 @@ def test_compaction_on_a_gpu_asks_for_piecewise_cuda_graphs(
     on_cpu = plan_kv_cache(policy, workload, model("llama-3-8b"), backend="cpu")
     assert on_cpu.compilation_config is None  # no CUDA graphs on the CPU backend
     assert "--compilation-config" not in render_args(on_cpu)
+
+
+GIB = 2**30
+LLAMA_8B_WEIGHTS = 8_029_995_008 * 2
+LLAMA_70B_TP4_WEIGHTS = 35_276_193_792
+LLAMA_70B_TP4_KV = 103_021_281_280
+
+
+def test_gpu_memory_utilization_covers_what_the_worker_allocates_after_the_check(
+    policy: PoolPolicy, workload: FlexWorkload
+) -> None:
+    """vLLM starts only when free >= ceil(total x utilization), measured once the CUDA context
+    exists: weights + KV + the reserve less the context, over the GPU, rounded up to 1e-6."""
+    capped = plan_kv_cache(policy, workload, model("llama-3-8b"))
+    assert capped.startup_bytes == LLAMA_8B_WEIGHTS + CAP + RESERVE - GIB == 139_755_048_140
+    assert capped.gpu_memory_utilization == "0.929694"  # 929,693.08 millionths, rounded up
+    bound = plan_kv_cache(policy, workload, model("llama-3-70b"), tensor_parallel=4)
+    assert bound.startup_bytes == LLAMA_70B_TP4_WEIGHTS + LLAMA_70B_TP4_KV + RESERVE - GIB
+    assert bound.startup_bytes == 149_249_641_676  # 992,854.004 millionths of the GPU
+    # weights + reserve + KV is the whole GPU: counting the context twice would ask for 1.0,
+    # more than an idle GPU has free once the context exists
+    assert bound.gpu_memory_utilization == "0.992855"
+    args = serve_args(policy, workload, model("llama-3-8b"))
+    at = args.index("--gpu-memory-utilization")
+    assert args[at - 2 : at + 2] == [
+        "--kv-cache-memory-bytes",
+        str(CAP),
+        "--gpu-memory-utilization",
+        "0.929694",
+    ]
+    (row,) = [d for d in capped.derivations() if d.name == "--gpu-memory-utilization"]
+    assert row.value == "0.929694" and "rounded up" in row.why
+
+
+def test_a_smaller_plan_asks_for_less_of_the_gpu(
+    policy: PoolPolicy, workload: FlexWorkload
+) -> None:
+    """A 40 % KV share: weights 14.96 + KV 56.00 + reserve 11.20 - context 1 = 81.16 GiB of
+    140, where vLLM's default (0.92) would wait for 128.8 GiB free."""
+    kv = policy.kv_cache.model_copy(update={"max_gpu_memory_share": 0.40})
+    plan = plan_kv_cache(policy.model_copy(update={"kv_cache": kv}), workload, model("llama-3-8b"))
+    assert plan.kv_cache_bytes == 60_129_542_144  # 28,672 blocks of 2 MiB
+    assert plan.startup_bytes == LLAMA_8B_WEIGHTS + 60_129_542_144 + RESERVE - GIB
+    assert plan.gpu_memory_utilization == "0.579694"  # 579,693.08 millionths, rounded up
+
+
+def test_no_gpu_memory_utilization_on_the_cpu_backend(
+    policy: PoolPolicy, workload: FlexWorkload
+) -> None:
+    """The CPU worker skips its memory check when --kv-cache-memory-bytes is given."""
+    plan = plan_kv_cache(policy, workload, model("llama-3-8b"), backend="cpu")
+    assert plan.gpu_memory_utilization is None
+    assert "--gpu-memory-utilization" not in render_args(plan)
+    (row,) = [d for d in plan.derivations() if d.name == "--gpu-memory-utilization"]
+    assert row.value == "none"

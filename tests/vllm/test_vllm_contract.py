@@ -112,3 +112,45 @@ def test_vllm_parses_the_compaction_args_into_piecewise_cuda_graphs(
     assert isinstance(config, CompilationConfig)
     assert config.cudagraph_mode == CUDAGraphMode.PIECEWISE
     assert not config.cudagraph_mode.has_full_cudagraphs()
+
+
+@pytest.mark.parametrize(
+    ("name", "tensor_parallel"), [("llama-3-8b", 1), ("llama-3-70b", 4)], ids=["cap", "weights"]
+)
+def test_vllm_starts_exactly_when_the_planned_bytes_are_free(
+    policy: PoolPolicy, workload: FlexWorkload, name: str, tensor_parallel: int
+) -> None:
+    """vLLM's own parser reads ``--gpu-memory-utilization`` and its own start-up check
+    (``request_memory``, what ``Worker.init_device`` runs) passes with ``startup_bytes`` free
+    up to the 1e-6 grain and fails with less; an idle GPU (only the CUDA context held)
+    passes, even for a weights-bound plan."""
+    from vllm.config import CacheConfig
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.utils.mem_utils import MemorySnapshot
+    from vllm.v1.worker.utils import request_memory
+
+    from runtime.vllm.plan import CUDA_CONTEXT_BYTES, UTILIZATION_GRAIN, render_args
+
+    plan = plan_kv_cache(policy, workload, model(name), tensor_parallel=tensor_parallel)
+    parser = make_arg_parser(FlexibleArgumentParser())
+    parsed = parser.parse_args(render_args(plan)).gpu_memory_utilization
+    assert plan.gpu_memory_utilization is not None
+    assert parsed == float(plan.gpu_memory_utilization)
+    cache = CacheConfig(gpu_memory_utilization=parsed)
+    total = plan.gpu_memory_bytes
+
+    def check(free: int) -> int:
+        snapshot = MemorySnapshot(device="cpu", auto_measure=False)
+        snapshot.free_memory, snapshot.total_memory = free, total
+        requested: int = request_memory(snapshot, cache)
+        return requested
+
+    requested = check(total)
+    assert plan.startup_bytes <= requested < plan.startup_bytes + total / UTILIZATION_GRAIN
+    assert check(requested) == requested
+    with pytest.raises(ValueError, match="less than desired GPU memory utilization"):
+        check(requested - 1)
+    with pytest.raises(ValueError, match="less than desired GPU memory utilization"):
+        check(plan.startup_bytes - 1)
+    check(total - CUDA_CONTEXT_BYTES)  # an idle GPU after the context: starts

@@ -93,7 +93,9 @@ class EngineController:
         return self.core.scheduler.kv_cache_manager
 
     def status(self) -> dict[str, Any]:
-        """Pool size, occupancy and load as the scheduler sees it now."""
+        """Pool size, occupancy and load as the scheduler sees it now, and the sizes the
+        sidecar's shrink floor needs (``max_model_len``, ``block_size``)."""
+        scheduler = self.core.scheduler
         pool = self._manager().block_pool
         occ = scheduler_side.occupancy(pool)
         return {
@@ -105,9 +107,11 @@ class EngineController:
             "highest_occupied": max(occ.occupied, default=0),
             "usage": pool.get_usage(),
             "fragmentation": fragmentation(occ.occupied),
-            "num_waiting": self.core.scheduler.get_num_unfinished_requests()
-            - len(self.core.scheduler.running),
-            "num_running": len(self.core.scheduler.running),
+            "num_waiting": scheduler.get_num_unfinished_requests() - len(scheduler.running),
+            "num_running": len(scheduler.running),
+            "blocks_short": scheduler_side.blocks_short(scheduler),
+            "max_model_len": scheduler.max_model_len,
+            "block_size": scheduler.block_size,
             "refusal": self.refusal,
         }
 
@@ -115,15 +119,34 @@ class EngineController:
         """The plugin's metrics in the Prometheus text format."""
         return generate_latest(self.metrics.registry).decode()
 
+    def _in_flight(self) -> str | None:
+        """Why nothing may touch the pool now: batches still run on the old ids and buffer.
+        The control socket holds new batches back until the queue drains (``plugin``), so
+        this stops only a direct utility call, or a pass the drain bound gave up on."""
+        in_flight = len(getattr(self.core, "batch_queue", None) or ())
+        if in_flight:
+            return (
+                f"{in_flight} batches in flight (async scheduling or pipeline parallelism); "
+                "retry through the control socket, which drains them first"
+            )
+        return None
+
     def _deferral(self, limits: CompactionLimits) -> str | None:
-        if getattr(self.core, "batch_queue", None):
-            return "a batch is in flight (async scheduling); retry after it drains"
+        in_flight = self._in_flight()
+        if in_flight is not None:
+            return in_flight
         state = self.status()
         return deferral_reason(
             num_waiting=state["num_waiting"],
             usage=state["usage"],
             saturation_usage=limits.saturation_usage,
         )
+
+    def deferred(self, reason: str) -> Outcome:
+        """Answer a request the engine cannot take now; it changes nothing and the sidecar
+        retries at its next poll."""
+        self.metrics.compactions.labels("deferred").inc()
+        return self._outcome("deferred", reason)
 
     def _relocate(self, moves: list[Move], strategy: Strategy) -> int:
         """One transactional pass: the plan is checked against the scheduler's pool, every
@@ -152,8 +175,7 @@ class EngineController:
         started = time.perf_counter()
         reason = self._deferral(limits)
         if reason is not None:
-            self.metrics.compactions.labels("deferred").inc()
-            return self._outcome("deferred", reason)
+            return self.deferred(reason)
         occ = scheduler_side.occupancy(self._manager().block_pool)
         target = packed_watermark(len(occ.occupied)) if watermark is None else watermark
         try:
@@ -190,8 +212,7 @@ class EngineController:
             return self._outcome("refused", f"shrink target {num_blocks} not in [2, {current}]")
         reason = self._deferral(limits)
         if reason is not None:
-            self.metrics.compactions.labels("deferred").inc()
-            return self._outcome("deferred", reason)
+            return self.deferred(reason)
         held = scheduler_side.occupancy(self._manager().block_pool).held
         if held >= num_blocks:
             self.metrics.compactions.labels("refused").inc()
@@ -247,6 +268,9 @@ class EngineController:
             )
         if target == current:
             return self._outcome("noop", "pool already at the requested size")
+        reason = self._in_flight()
+        if reason is not None:
+            return self.deferred(reason)
         try:
             resized = self._resize_workers(target, current)
         except PassFailed as exc:

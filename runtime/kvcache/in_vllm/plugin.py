@@ -13,12 +13,19 @@ Scheduler side (EngineCore process):
     (``_handle_client_request`` knows one more request type), so the engine's main thread
     runs them between steps, in order with adds, aborts and utility calls; an in-process
     engine (tests, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) has no such loop, so its ``step``,
-    ``add_request`` and ``abort_requests`` run under a per-engine lock the requests take.
+    ``add_request`` and ``abort_requests`` run under a per-engine lock the requests take;
+  * a quiesce point in ``EngineCore.step_with_batch_queue`` (async scheduling, pipeline
+    parallelism: batches stay in flight between steps): while a compact, shrink or grow
+    from the socket waits (``admit``), steps schedule no new batch and each retires one
+    in-flight batch; the request runs once the queue is empty, or is deferred after
+    ``batch_queue_size`` steps or ``QUIESCE_MAX_S``; scheduling then resumes.
 Worker side (worker process, called through ``collective_rpc`` by method name):
   * ``gpupool_kv_relocate(pairs, strategy)``: copy blocks, rename block-table ids;
   * ``gpupool_kv_resize(num_blocks)``: re-bind every layer to a resized KV buffer;
   * ``gpupool_kv_rollback(pairs)``: undo this rank's renames of a pass that failed;
   * ``gpupool_kv_support()``: why this worker's KV cannot be relocated, or None.
+  * the KV cache is allocated one layer per allocation (``worker_side.allocate_per_layer``),
+    so a resize needs one layer's memory beyond the pool, not a second pool.
 Order of one compaction: plan and check (scheduler) -> relocate (every worker) -> rename
 (scheduler); a worker that fails has every rank rolled back and the scheduler untouched.
 An engine the plugin cannot handle safely (``support``: a KV connector, several KV cache
@@ -31,10 +38,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from runtime.kvcache.limits import Strategy
 from runtime.kvcache.planner import Move
@@ -49,6 +58,13 @@ ENGINE_THREAD_TIMEOUT_S = 30.0
 """How long a control request waits for the engine to reach a step boundary."""
 JOB_REQUEST = "gpupool_kv_job"
 """Request type of a control request on the engine's input queue (vLLM's are bytes)."""
+QUIESCE_MAX_S = 2.0
+"""Longest a compact, shrink or grow holds new batches back while the engine's batch queue
+drains (async scheduling, pipeline parallelism) before it is deferred; the other bound is the
+queue's size in steps (each held-back step retires one in-flight batch)."""
+QUIESCING_OPS = frozenset({"compact", "shrink", "grow"})
+"""Control ops that change block ids or the KV buffer: no batch may be in flight."""
+_DRAIN = "_gpupool_drain"
 
 
 @dataclass(frozen=True)
@@ -97,7 +113,9 @@ def _install_worker_methods() -> None:
         return worker_side.relocate(self.model_runner, moves, strategy)
 
     def gpupool_kv_resize(self: Any, num_blocks: int) -> dict[str, int]:
-        return asdict(worker_side.resize(self.model_runner, int(num_blocks)))
+        result = worker_side.resize(self.model_runner, int(num_blocks))
+        worker_side.rename(self.model_runner, [])  # stale ids beyond a shrunk pool -> null
+        return asdict(result)
 
     def gpupool_kv_rollback(self: Any, pairs: list[tuple[int, int]]) -> None:
         worker_side.rollback(self.model_runner, [Move(int(s), int(d)) for s, d in pairs])
@@ -109,6 +127,7 @@ def _install_worker_methods() -> None:
     WorkerBase.gpupool_kv_resize = gpupool_kv_resize  # type: ignore[attr-defined]
     WorkerBase.gpupool_kv_rollback = gpupool_kv_rollback  # type: ignore[attr-defined]
     WorkerBase.gpupool_kv_support = gpupool_kv_support  # type: ignore[attr-defined]
+    worker_side.install_per_layer_allocation()  # a resize frees one layer at a time
 
 
 @dataclass
@@ -116,6 +135,8 @@ class EngineJob:
     """One control request waiting on the engine's input queue for its main thread."""
 
     run: Callable[[], dict[str, Any]]
+    quiesce: bool = False
+    """It changes the pool: it runs only with no batch in flight (``admit``)."""
     done: threading.Event = field(default_factory=threading.Event)
     result: dict[str, Any] | None = None
     error: BaseException | None = None
@@ -123,14 +144,15 @@ class EngineJob:
     """queued -> running -> done, or queued -> cancelled (the caller stopped waiting)."""
     guard: threading.Lock = field(default_factory=threading.Lock)
 
-    def execute(self) -> None:
-        """On the engine's main thread: run unless the caller gave up first."""
+    def execute(self, run: Callable[[], dict[str, Any]] | None = None) -> None:
+        """On the engine's main thread: run (``run`` instead of the job's own, e.g. to answer
+        that it is deferred) unless the caller gave up first."""
         with self.guard:
             if self.state == "cancelled":
                 return
             self.state = "running"
         try:
-            self.result = self.run()
+            self.result = (run or self.run)()
         except Exception as exc:  # returned to the caller, never raised in the engine loop
             self.error = exc
         finally:
@@ -153,17 +175,99 @@ class EngineJob:
         return self.result
 
 
+def control_job(core: Any, op: str, args: dict[str, Any]) -> EngineJob:
+    """The job that answers one control request with ``core``'s controller."""
+    return EngineJob(lambda: controller(core).handle(op, args), quiesce=op in QUIESCING_OPS)
+
+
 def on_engine_thread(core: Any, op: str, args: dict[str, Any]) -> dict[str, Any]:
     """Serve one control request between two steps of ``core``, on its main thread when it
-    has one (``EngineCoreProc``), else under its lock (in-process engine)."""
+    has one (``EngineCoreProc``), else under its lock (in-process engine); either way
+    ``admit`` runs it, or holds new batches back until the batch queue is empty."""
+    job = control_job(core, op, args)
     inputs = getattr(core, "input_queue", None)
     if inputs is None:
         with _lock(core):
-            result: dict[str, Any] = controller(core).handle(op, args)
-            return result
-    job = EngineJob(lambda: controller(core).handle(op, args))
-    inputs.put_nowait((JOB_REQUEST, job))
+            admit(core, job)
+    else:
+        inputs.put_nowait((JOB_REQUEST, job))
     return job.wait(ENGINE_THREAD_TIMEOUT_S)
+
+
+@dataclass
+class Drain:
+    """Jobs waiting, with new batches held back, for the engine's batch queue to empty."""
+
+    jobs: list[EngineJob]
+    started_s: float
+    """Monotonic time the first job arrived."""
+    steps: int = 0
+    """Steps run since then without scheduling a new batch."""
+
+
+def drain_verdict(
+    *, in_flight: int, steps: int, elapsed_s: float, max_steps: int, max_s: float
+) -> Literal["run", "drain", "give up"]:
+    """What jobs waiting for an empty batch queue do at a step boundary: run once no batch is
+    in flight, give up when either bound is reached, else hold new batches back one more
+    step."""
+    if in_flight == 0:
+        return "run"
+    if steps >= max_steps or elapsed_s >= max_s:
+        return "give up"
+    return "drain"
+
+
+def admit(core: Any, job: EngineJob) -> None:
+    """Between two steps: run ``job`` now, or, when it changes the pool while batches are in
+    flight, park it; ``step_with_batch_queue`` then schedules nothing new, so each step
+    retires one in-flight batch, and the parked jobs run once the queue is empty (or are
+    deferred at the bound). An engine the plugin refuses answers at once."""
+    if job.quiesce and core.batch_queue and controller(core).refusal is None:
+        drain: Drain | None = core.__dict__.get(_DRAIN)
+        if drain is None:
+            drain = core.__dict__[_DRAIN] = Drain([], time.monotonic())
+        drain.jobs.append(job)
+        _settle(core, drain)
+    else:
+        job.execute()
+
+
+def _settle(core: Any, drain: Drain) -> None:
+    elapsed = time.monotonic() - drain.started_s
+    in_flight = len(core.batch_queue)
+    verdict = drain_verdict(
+        in_flight=in_flight,
+        steps=drain.steps,
+        elapsed_s=elapsed,
+        max_steps=core.batch_queue_size,
+        max_s=QUIESCE_MAX_S,
+    )
+    if verdict == "drain":
+        return
+    del core.__dict__[_DRAIN]
+    reason = (
+        f"{in_flight} batches still in flight after holding new batches back for "
+        f"{drain.steps} steps ({elapsed:.2f} s; bound {core.batch_queue_size} steps or "
+        f"{QUIESCE_MAX_S:g} s); retry at the next poll"
+    )
+    for job in drain.jobs:
+        job.execute(None if verdict == "run" else lambda: asdict(controller(core).deferred(reason)))
+
+
+@contextmanager
+def _no_new_batches(scheduler: Any) -> Iterator[None]:
+    """``EngineCore.step_with_batch_queue`` schedules a new batch only when
+    ``scheduler.has_requests()``; answering False for one call makes that step retire the
+    oldest in-flight batch instead (and process its output) without queueing another. An
+    instance attribute shadows the method for the call only; vLLM's pause states would
+    still queue an empty batch while finished requests are pending, log every change, and
+    overwrite an operator's pause."""
+    scheduler.has_requests = lambda: False
+    try:
+        yield
+    finally:
+        del scheduler.has_requests
 
 
 def _lock(core: Any) -> threading.RLock:
@@ -199,6 +303,18 @@ def _install_engine_hooks() -> None:
 
     init_kv = EngineCore._initialize_kv_caches
     dispatch = EngineCoreProc._handle_client_request
+    step_batches = EngineCore.step_with_batch_queue
+
+    def step_with_batch_queue(self: Any) -> Any:
+        with _lock(self):
+            drain: Drain | None = self.__dict__.get(_DRAIN)
+            if drain is None:
+                return step_batches(self)
+            with _no_new_batches(self.scheduler):
+                result = step_batches(self)
+            drain.steps += 1
+            _settle(self, drain)
+            return result
 
     def gpupool_kv(self: Any, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
         with _lock(self):
@@ -207,7 +323,7 @@ def _install_engine_hooks() -> None:
 
     def handle_client_request(self: Any, request_type: Any, request: Any) -> None:
         if request_type == JOB_REQUEST:
-            request.execute()
+            admit(self, request)
             return
         dispatch(self, request_type, request)
 
@@ -225,8 +341,9 @@ def _install_engine_hooks() -> None:
             )
         return config
 
-    for name in ("step", "step_with_batch_queue", "add_request", "abort_requests"):
+    for name in ("step", "add_request", "abort_requests"):
         setattr(EngineCore, name, locked(getattr(EngineCore, name)))
+    EngineCore.step_with_batch_queue = step_with_batch_queue  # type: ignore[method-assign]
     EngineCore.gpupool_kv = gpupool_kv  # type: ignore[attr-defined]
     EngineCore._initialize_kv_caches = initialize_kv_caches  # type: ignore[method-assign]
     EngineCoreProc._handle_client_request = handle_client_request

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vllm.utils.math_utils import cdiv
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
@@ -59,6 +60,23 @@ def occupancy(pool: BlockPool) -> Occupancy:
         (occupied if _is_occupied(pool, block) else free).append(block.block_id)
     held = sum(1 for block in pool.blocks[1:] if block.ref_cnt > 0)
     return Occupancy(occupied, free, pool.num_gpu_blocks, held)
+
+
+def blocks_short(scheduler: Any) -> int:
+    """Blocks the next waiting request (in the scheduler's order; a preempted one is put back
+    first) lacks to be admitted with its whole sequence now; 0 when nothing waits or it fits,
+    e.g. when it only waits for a sequence slot or the step's token budget. The free count
+    includes prefix-cached free blocks (the scheduler evicts them on demand) less the
+    admission watermark; a cached prefix the request would reuse counts on both sides, so
+    the figure is an upper bound only where another request holds that prefix."""
+    if not scheduler.waiting:
+        return 0
+    request = scheduler.waiting.peek_request()
+    manager = scheduler.kv_cache_manager
+    tokens = min(request.num_tokens, scheduler.max_model_len)
+    needed = cdiv(tokens, scheduler.block_size)
+    available: int = manager.block_pool.get_num_free_blocks() - manager.watermark_blocks
+    return max(0, needed - available)
 
 
 def evict_cached(pool: BlockPool, max_occupied: int) -> int:

@@ -9,9 +9,9 @@ be left pointing at the wrong data, silently:
   correct prefix hashes (on a shared snapshot volume: corruption that survives restarts),
   and its transfers after a resize would use the freed buffer;
 * a model with several KV cache groups (hybrid, sliding window beside full attention),
-  Mamba / linear-attention state, or specs other than plain full attention (sliding window,
-  chunked local, cross attention, sinks) keeps block ids the plugin does not rename or
-  relies on per-group semantics (freed window blocks) it does not reproduce;
+  Mamba / linear-attention state, or specs other than full attention, MLA and one sliding
+  window (chunked local, cross attention, sinks) keeps block ids the plugin does not rename
+  or relies on per-group semantics it does not reproduce;
 * layers that share another layer's KV (``kv_sharing_target_layer_name``) alias its buffer.
 
 Pure functions of vLLM's own config objects; the controller asks once per engine.
@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-SUPPORTED_SPECS = frozenset({"FullAttentionSpec", "MLAAttentionSpec"})
-"""KV cache spec classes (exact type, not subclasses) the relocation handles."""
+SUPPORTED_SPECS = frozenset({"FullAttentionSpec", "MLAAttentionSpec", "SlidingWindowSpec"})
+"""KV cache spec classes (exact type, not subclasses) the relocation handles. A sliding
+window's freed blocks stay in the worker's tables; the rename turns them into the null
+block (``worker_side.rename``)."""
 
 
 def engine_refusal(kv_transfer_config: Any, kv_cache_config: Any) -> str | None:

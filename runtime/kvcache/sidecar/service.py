@@ -40,20 +40,23 @@ from runtime.kvcache.sidecar.triggers import Decision, InstanceSample, PoolState
 USAGE = "vllm:kv_cache_usage_perc"
 QUERIES = "vllm:prefix_cache_queries_total"
 HITS = "vllm:prefix_cache_hits_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+"""Optional: without it the preemption rule has no evidence (``triggers.grow_reason``)."""
 
 log = logging.getLogger(__name__)
 
 
 def parse_sample(text: str, at_s: float) -> InstanceSample | None:
-    """The sample in a ``/metrics`` page (summed over engines); None if a series is missing."""
+    """The sample in a ``/metrics`` page (summed over engines); None if the usage or a
+    prefix-cache series is missing."""
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in (USAGE, QUERIES, HITS):
+            if sample.name in (USAGE, QUERIES, HITS, PREEMPTIONS):
                 found[sample.name] = found.get(sample.name, 0.0) + sample.value
-    if len(found) < 3:
+    if not {USAGE, QUERIES, HITS} <= found.keys():
         return None
-    return InstanceSample(at_s, found[USAGE], found[QUERIES], found[HITS])
+    return InstanceSample(at_s, found[USAGE], found[QUERIES], found[HITS], found.get(PREEMPTIONS))
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> InstanceSample | None:
@@ -164,11 +167,11 @@ class CompactionSidecar:
         policy = self.policy
         current = scrape(self.metrics_url)
         try:
-            status = self.client.call("status")
-            pool = PoolState(
-                status["usable_blocks"], status["original_blocks"], status["occupied_blocks"]
-            )
+            pool: PoolState | None = PoolState.from_status(self.client.call("status"))
         except ControlError:
+            pool = None
+        except ValueError as exc:  # a reply this sidecar cannot read: decide nothing
+            log.error("%s", exc)
             pool = None
         with self._lock:
             request, self.shrink_request = self.shrink_request, None
