@@ -117,6 +117,13 @@ def name_problems(policy: PoolPolicy) -> list[tuple[str, str]]:
             problem = _name_problem(obj, workload.name)
             if problem is not None:
                 found[(path, problem)] = None
+            for mount in _repeated_mounts(obj):
+                at = (
+                    f"workloads.{i}.snapshot_volume.mount_path"
+                    if mount.endswith(f" {workload.snapshot_volume.mount_path}")
+                    else f"workloads.{i}"
+                )
+                found[(at, f"{mount}; expected a path no other mount of the container uses")] = None
         for other in earlier:
             try:
                 check_unique([other, own])
@@ -124,6 +131,18 @@ def name_problems(policy: PoolPolicy) -> list[tuple[str, str]]:
                 found[(path, f"{exc}; expected distinct names: rename one workload")] = None
         earlier.append(own)
     return list(found)
+
+
+def _repeated_mounts(obj: Manifest) -> list[str]:
+    """Mount paths a container of ``obj``'s pod template uses twice (the API server refuses
+    the pod), as ``container <name> mounts twice at <path>``."""
+    pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+    out = []
+    for container in [*pod.get("initContainers", ()), *pod.get("containers", ())]:
+        paths = [m["mountPath"] for m in container.get("volumeMounts", ())]
+        for path in sorted({p for p in paths if paths.count(p) > 1}):
+            out.append(f"container {container['name']} mounts twice at {path}")
+    return out
 
 
 def _name_problem(obj: Manifest, workload: str) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.servers import TINY_MODEL
-from tests.kvcache.engine import TOTAL_BLOCKS, Engine
+from tests.kvcache.engine import TOTAL_BLOCKS, Engine, start_engine
 
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # scheduler and worker in this process
@@ -36,29 +36,12 @@ def engine(control_token: tuple[Path, Path, str]) -> Iterator[Engine]:
     env = {**ENGINE_ENV, "GPUPOOL_KV_SOCKET": str(socket), "GPUPOOL_KV_TOKEN_FILE": str(token_file)}
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
-    from vllm import LLM
-
-    from runtime.kvcache.in_vllm import plugin
-
-    plugin.register()  # vLLM loads plugins once per process; another test may have been first
-    llm = LLM(
-        model=str(TINY_MODEL),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        block_size=32,
-        max_model_len=512,
-        max_num_seqs=32,
-        enforce_eager=True,
-        num_gpu_blocks_override=TOTAL_BLOCKS,
-        seed=0,
-    )
+    handle = start_engine(TINY_MODEL, TOTAL_BLOCKS)
     # restore at once: servers other tests start inherit os.environ and must not take the socket
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    handle = Engine(llm)
-    handle.redraw_weights()
     yield handle
     handle.core._gpupool_control.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +33,30 @@ class Finished:
 def limits(max_moves: int = 4096, saturation_usage: float = 0.8) -> dict[str, Any]:
     """Compaction limits as the control request carries them."""
     return CompactionLimits(max_moves=max_moves, saturation_usage=saturation_usage).__dict__
+
+
+def start_engine(model: Path, total_blocks: int) -> Engine:
+    """A real in-process engine on ``model`` (random weights) with the plugin registered:
+    32-token blocks, ``total_blocks`` of them, eager mode, seed 0, weights redrawn wide."""
+    from vllm import LLM
+
+    from runtime.kvcache.in_vllm import plugin
+
+    plugin.register()  # vLLM loads plugins once per process; another test may have been first
+    llm = LLM(
+        model=str(model),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        block_size=32,
+        max_model_len=512,
+        max_num_seqs=32,
+        enforce_eager=True,
+        num_gpu_blocks_override=total_blocks,
+        seed=0,
+    )
+    engine = Engine(llm)
+    engine.redraw_weights()
+    return engine
 
 
 class Engine:

@@ -15,7 +15,13 @@ from typing import Any
 
 from tests.harness.servers import REPO
 from tests.kvcache.conftest import ENGINE_ENV
-from tests.kvcache.engine import Engine, check_pool, limits, shared_prefix_prompts
+from tests.kvcache.engine import (
+    Engine,
+    check_pool,
+    limits,
+    shared_prefix_prompts,
+    start_engine,
+)
 
 MODEL = REPO / "tests" / "fixtures" / "tiny-mistral"
 TOTAL_BLOCKS = 1024
@@ -47,24 +53,9 @@ def window_tables(engine: Engine) -> dict[str, int]:
 
 def main() -> None:
     os.environ.update(ENGINE_ENV)
-    from vllm import LLM
-
     from runtime.kvcache.in_vllm import plugin
 
-    plugin.register()
-    llm = LLM(
-        model=str(MODEL),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        block_size=32,
-        max_model_len=512,
-        max_num_seqs=32,
-        enforce_eager=True,
-        num_gpu_blocks_override=TOTAL_BLOCKS,
-        seed=0,
-    )
-    engine = Engine(llm)
-    engine.redraw_weights()
+    engine = start_engine(MODEL, TOTAL_BLOCKS)
     spec = engine.core.scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec
     prompts = shared_prefix_prompts(18, seed=4, num_prefixes=18)  # window-freed blocks unshared
     reference = engine.run(prompts, max_tokens=96)

@@ -240,6 +240,18 @@ CASES: list[tuple[str, Edit, str, list[str]]] = [
         ["'alertmanager-main'", "metrics.alertmanager_secret", "expected another name"],
     ),
     (
+        "snapshot-mounted-over-the-cache",
+        _set(workloads__0__snapshot_volume__mount_path="/var/lib/gpupool/cache"),
+        "workloads.0.snapshot_volume.mount_path",
+        ["mounts twice at /var/lib/gpupool/cache", "expected a path no other mount"],
+    ),
+    (
+        "snapshot-mounted-over-tmp",
+        _set(workloads__0__snapshot_volume__mount_path="/tmp"),
+        "workloads.0.snapshot_volume.mount_path",
+        ["mounts twice at /tmp", "expected a path no other mount"],
+    ),
+    (
         "taint-key-is-pool-label",
         _set(node_pools__0__taints=[{"key": "gpupool.io/pool", "effect": "PreferNoSchedule"}]),
         "node_pools.0.taints.0.key",
