@@ -14,10 +14,10 @@ if TYPE_CHECKING:
     from policy.kvcache import KvCache
 
 Strategy = Literal["runs", "gather"]
-"""How blocks are copied: ``runs``: one contiguous copy per run of consecutive moves and per
-layer (NumPy slice copies on CPU, torch ``copy_`` elsewhere), best when copies are large,
-e.g. on CPU; ``gather``: one index_select + index_copy_ over all moves per layer group, the
-fewest kernel launches."""
+"""How blocks are copied off CUDA: ``runs``: one contiguous copy per run of consecutive
+moves and per layer (NumPy slice copies on CPU), best when copies are large; ``gather``: one
+index_select + index_copy_ over all moves per layer group. On CUDA the mover uses the fused
+Triton gather-scatter (``in_vllm.triton_mover``) whatever the strategy says."""
 
 
 @dataclass(frozen=True)
