@@ -117,13 +117,14 @@ def name_problems(policy: PoolPolicy) -> list[tuple[str, str]]:
             problem = _name_problem(obj, workload.name)
             if problem is not None:
                 found[(path, problem)] = None
-            for mount in _repeated_mounts(obj):
-                at = (
-                    f"workloads.{i}.snapshot_volume.mount_path"
-                    if mount.endswith(f" {workload.snapshot_volume.mount_path}")
-                    else f"workloads.{i}"
+            for container, mount in _repeated_mounts(obj):
+                snapshot = mount == workload.snapshot_volume.mount_path
+                at = f"workloads.{i}.snapshot_volume.mount_path" if snapshot else f"workloads.{i}"
+                message = (
+                    f"container {container} mounts twice at {mount}; expected a path no other "
+                    "mount of the container uses"
                 )
-                found[(at, f"{mount}; expected a path no other mount of the container uses")] = None
+                found[(at, message)] = None
         for other in earlier:
             try:
                 check_unique([other, own])
@@ -133,15 +134,14 @@ def name_problems(policy: PoolPolicy) -> list[tuple[str, str]]:
     return list(found)
 
 
-def _repeated_mounts(obj: Manifest) -> list[str]:
-    """Mount paths a container of ``obj``'s pod template uses twice (the API server refuses
-    the pod), as ``container <name> mounts twice at <path>``."""
+def _repeated_mounts(obj: Manifest) -> list[tuple[str, str]]:
+    """``(container, mount path)`` for each path a container of ``obj``'s pod template
+    mounts twice (the API server refuses the pod)."""
     pod = obj.get("spec", {}).get("template", {}).get("spec", {})
     out = []
     for container in [*pod.get("initContainers", ()), *pod.get("containers", ())]:
         paths = [m["mountPath"] for m in container.get("volumeMounts", ())]
-        for path in sorted({p for p in paths if paths.count(p) > 1}):
-            out.append(f"container {container['name']} mounts twice at {path}")
+        out += [(container["name"], p) for p in sorted({p for p in paths if paths.count(p) > 1})]
     return out
 
 

@@ -344,10 +344,9 @@ class _PooledLoop:
         self.production_needs = False
         self.flex_util = dict.fromkeys(self.workloads, 0.0)
         self.groups = production_groups(policy, settings.production)
-        self.need = settings.production.replicas(trace)
-        self.prod_spec = {
-            g.owner: int(g.estimate(trace, settings.production)[0]) for g in self.groups
-        }
+        # Settled replicas per trace step: the trace rule's answer, and every group's start.
+        self.settled = {g.owner: g.estimate(trace, settings.production) for g in self.groups}
+        self.prod_spec = {owner: int(need[0]) for owner, need in self.settled.items()}
         self.prod_hpa_state = {g.owner: HpaState() for g in self.groups}
         self.prod_util = {g.owner: 0.0 for g in self.groups}
         self.identity = {g.owner: (g.namespace, g.pod_prefix) for g in self.groups} | {
@@ -368,7 +367,7 @@ class _PooledLoop:
         c = self.cluster
         c.advance(now)
         _held, busy = self.trace.at(now)
-        index = min(int(now // self.trace.step_s), self.need.size - 1)
+        index = min(int(now // self.trace.step_s), self.trace.held.size - 1)
         # The first step is the cluster as the trace finds it: production already running.
         startup = 0.0 if step == 0 else self.settings.production.startup_s
         want = 0
@@ -433,7 +432,7 @@ class _PooledLoop:
         """The group's ``spec.replicas`` this step: the rule's, the fixed count, or its HPA's
         answer on the duty its pods reported last step."""
         if g.scaling == "trace":
-            return int(self.need[index])
+            return int(self.settled[g.owner][index])
         if g.hpa is not None and step > 0:
             self.prod_spec[g.owner] = reconcile(
                 g.hpa,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from policy.pool import PoolPolicy
 from runtime.sim.engine import (
@@ -102,8 +103,10 @@ def run(
         )
     settings = whatif.settings
     production = whatif.production
-    layout = _layout(policy, production, whatif)
-    production = _fit(policy, production, layout, whatif)
+    groups = production_groups(policy, settings.production)
+    need = need_gpus(groups, production, settings.production)
+    layout = _layout(policy, production, need, whatif)
+    production = _fit(production, need, layout, whatif)
     horizon = settings.hours * 3600
     flex: list[FlexInput] = []
     services: dict[str, ServiceModel] = {}
@@ -129,7 +132,6 @@ def run(
         policy, layout, production, flex, settings, prod_tokens_per_gpu_s=per_gpu, progress=progress
     )
     fixed = replay_fixed(policy, layout, production, flex, settings, prod_tokens_per_gpu_s=per_gpu)
-    groups = production_groups(policy, settings.production)
     assumptions = (
         *(f"service times of {n}: {m.source}" for n, m in services.items()),
         f"production: {describe(groups, settings.production)}; new replicas start in "
@@ -209,14 +211,16 @@ def _to_requests(trace: FlexTrace | None, *, backlog: bool) -> Requests:
     )
 
 
-def _layout(policy: PoolPolicy, production: ProductionTrace, whatif: WhatIf) -> Layout:
+def _layout(
+    policy: PoolPolicy, production: ProductionTrace, need: NDArray[np.int64], whatif: WhatIf
+) -> Layout:
+    """The replay's hardware; ``need`` is production's settled GPU need per trace step."""
     declared = Layout.of_policy(policy)
     if whatif.layout == "policy":
         return declared
     prod = policy.prod_pool
     flex_pool = policy.flex_pools[0]
     peak_nodes = math.ceil(int(production.held.max()) / prod.gpus_per_node)
-    need = _need(policy, production, whatif)
     prod_nodes = max(1, math.ceil(float(np.median(need)) / prod.gpus_per_node))
     nodes = dict(declared.nodes)
     nodes[prod.name] = prod_nodes
@@ -231,11 +235,11 @@ def _layout(policy: PoolPolicy, production: ProductionTrace, whatif: WhatIf) -> 
 
 
 def _fit(
-    policy: PoolPolicy, production: ProductionTrace, layout: Layout, whatif: WhatIf
+    production: ProductionTrace, settled: NDArray[np.int64], layout: Layout, whatif: WhatIf
 ) -> ProductionTrace:
     """Refuse a production trace that outgrows the cluster, or scale it when asked to."""
     capacity = layout.total_gpus
-    need = np.maximum(production.held, _need(policy, production, whatif))
+    need = np.maximum(production.held, settled)
     worst = int(np.argmax(need))
     if need[worst] <= capacity:
         return production
@@ -251,11 +255,6 @@ def _fit(
     held = np.floor(production.held * factor).astype(np.int64)
     busy = np.minimum(production.busy * factor, held.astype(np.float64))
     return replace(production, source=f"{production.source} x{factor:.3f}", held=held, busy=busy)
-
-
-def _need(policy: PoolPolicy, production: ProductionTrace, whatif: WhatIf) -> np.ndarray:
-    rule = whatif.settings.production
-    return need_gpus(production_groups(policy, rule), production, rule)
 
 
 def _layout_text(policy: PoolPolicy, layout: Layout, mode: LayoutMode) -> str:
