@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from alerts import capacity, evictions, gpu, kv_cache, prerequisites, recording, staleness
+from alerts import (
+    capacity,
+    evictions,
+    gpu,
+    kv_cache,
+    kv_snapshots,
+    prerequisites,
+    recording,
+    staleness,
+)
 from alerts.rules import Group, with_runbooks_and_labels
 from policy.pool import PoolPolicy
 from runtime.metrics.catalogue import Catalogue, build_catalogue
@@ -15,6 +24,7 @@ CONCERNS: dict[str, Concern] = {
     "catalogue": recording.groups,
     "gpu": gpu.groups,
     "kv_cache": kv_cache.groups,
+    "kv_snapshots": kv_snapshots.groups,
     "evictions": evictions.groups,
     "capacity": capacity.groups,
     "staleness": staleness.groups,

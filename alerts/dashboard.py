@@ -1,4 +1,8 @@
-"""Grafana dashboard over the recorded ``gpupool:`` series (never raw exporter metrics)."""
+"""Grafana dashboard over the recorded ``gpupool:`` series.
+
+Raw exporter series appear only where recording would copy them unchanged: Deployment
+replicas, and the snapshot tier's per-pod restore gauges (one value per replica start).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +18,12 @@ from runtime.metrics.catalogue import (
     GPU_UTILIZATION,
     KV_CACHE_HIT_RATE,
     KV_CACHE_USAGE,
+    KV_TIER_DELETIONS,
+    KV_TIER_FILL,
     POOL_GPU_UTILIZATION,
     PROD_PODS_PENDING,
     PRODUCTION_GPU_UTILIZATION,
+    PROMPT_TOKENS_FROM_TIER,
     SPARE_GPUS,
     UNALLOCATED_GPUS,
     num,
@@ -26,8 +33,40 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 PANEL_W, PANEL_H = 12, 8
 
 
+PanelSpec = tuple[str, list[tuple[str, str]], str, list[float] | None]
+"""(title, [(expr, legend)], unit, threshold lines)."""
+
+
+def _row(panel_id: int, title: str, y: int) -> dict[str, Any]:
+    """A Grafana row header: the panels below it, up to the next row, form its group."""
+    return {
+        "id": panel_id,
+        "type": "row",
+        "title": title,
+        "collapsed": False,
+        "panels": [],
+        "gridPos": {"x": 0, "y": y, "w": 2 * PANEL_W, "h": 1},
+    }
+
+
+def _layout(sections: list[tuple[str | None, list[PanelSpec]]]) -> list[dict[str, Any]]:
+    """Panels two per line, each titled section under a row header, ids in order."""
+    out: list[dict[str, Any]] = []
+    y = 0
+    for title, specs in sections:
+        if title is not None:
+            out.append(_row(len(out) + 1, title, y))
+            y += 1
+        for i, spec in enumerate(specs):
+            out.append(_panel(len(out) + 1, (i % 2) * PANEL_W, y + (i // 2) * PANEL_H, *spec))
+        y += (len(specs) + 1) // 2 * PANEL_H
+    return out
+
+
 def _panel(
-    index: int,
+    panel_id: int,
+    x: int,
+    y: int,
     title: str,
     targets: list[tuple[str, str]],
     unit: str,
@@ -38,16 +77,11 @@ def _panel(
         {"color": c, "value": v} for c, v in zip(("orange", "red"), thresholds or [], strict=False)
     ]
     return {
-        "id": index + 1,
+        "id": panel_id,
         "type": "timeseries",
         "title": title,
         "datasource": DATASOURCE,
-        "gridPos": {
-            "x": (index % 2) * PANEL_W,
-            "y": (index // 2) * PANEL_H,
-            "w": PANEL_W,
-            "h": PANEL_H,
-        },
+        "gridPos": {"x": x, "y": y, "w": PANEL_W, "h": PANEL_H},
         "fieldConfig": {
             "defaults": {
                 "unit": unit,
@@ -75,7 +109,7 @@ def dashboard(policy: PoolPolicy) -> dict[str, Any]:
     ns = policy.cluster.flex_namespace
     node = policy.metrics.gpu_node_label
     band = [e.grow_while_production_below, e.shed_while_production_above]
-    panels = [
+    panels: list[PanelSpec] = [
         (
             "Production GPU utilization vs the grow/shed band",
             [
@@ -141,6 +175,51 @@ def dashboard(policy: PoolPolicy) -> dict[str, Any]:
             [t.gpu_memory_pressure.max],
         ),
     ]
+    per_pod = f'namespace="{ns}"'
+    by_pod = ", ".join(policy.metrics.instance_labels)
+    workload = f"{{{{{policy.metrics.workload_label}}}}}"
+    tier: list[PanelSpec] = [
+        (
+            "KV snapshot tier fill (used / tier_capacity)",
+            [(KV_TIER_FILL, workload)],
+            "percentunit",
+            [1.0],
+        ),
+        (
+            "KV snapshot GC deletions per minute",
+            [(KV_TIER_DELETIONS, f"{workload} {{{{reason}}}}")],
+            "short",
+            None,
+        ),
+        (
+            "Restored hits in the first minute of each replica",
+            [
+                (
+                    f"max by ({by_pod}) (gpupool_kv_tier_restored_hits_first_minute{{{per_pod}}})",
+                    "{{pod}}",
+                )
+            ],
+            "short",
+            None,
+        ),
+        (
+            "Time from tier start to its first hit",
+            [
+                (
+                    f"max by ({by_pod}) (gpupool_kv_tier_first_hit_seconds{{{per_pod}}})",
+                    "{{pod}}",
+                )
+            ],
+            "s",
+            None,
+        ),
+        (
+            "Share of prefill tokens loaded from the KV tiers",
+            [(PROMPT_TOKENS_FROM_TIER, "{{pod}}")],
+            "percentunit",
+            None,
+        ),
+    ]
     grow, shed = num(e.grow_while_production_below), num(e.shed_while_production_above)
     return {
         "uid": f"gpupool-{policy.cluster.name}"[:40],
@@ -163,5 +242,7 @@ def dashboard(policy: PoolPolicy) -> dict[str, Any]:
         },
         "description": "Recorded series of the gpupool catalogue; thresholds from the policy "
         f"(flex grows while production's GPU utilization is below {grow}, sheds above {shed}).",
-        "panels": [_panel(i, *spec) for i, spec in enumerate(panels)],
+        "panels": _layout(
+            [(None, panels), ("KV snapshot tier (kv_preservation: filesystem)", tier)]
+        ),
     }

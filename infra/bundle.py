@@ -23,6 +23,12 @@ from infra.builders.production import production_autoscalers
 from infra.builders.rbac import service_accounts
 from infra.builders.runtime_components import tuner
 from infra.builders.scraping import flex_pod_monitor
+from infra.builders.serving import (
+    DEFAULT_SERVING,
+    ServingOptions,
+    flex_pod_labels,
+    serving_groups,
+)
 from infra.builders.workload import HpaTolerance, flex_workload
 from policy import PoolPolicy
 
@@ -38,6 +44,13 @@ MONITORING = "gpupool:system:Monitoring"
 PRODUCTION = "gpupool:production:Autoscaling"
 """Pulumi type token of the HPAs gpupool renders for production workloads (only when some
 production workload has ``scale_on: gpu_utilization``)."""
+
+SERVING = {
+    "inference-extension": "gpupool:serving:InferencePool",
+    "services": "gpupool:serving:TrafficClassServices",
+}
+"""Pulumi type token of the serving groups per ``gpupool:serving`` mode: one component per
+pool (its endpoint picker, InferencePool, objectives and route), or one for the Services."""
 
 
 @dataclass(frozen=True)
@@ -107,9 +120,11 @@ def build_groups(
     target: Target,
     vllm_args: Mapping[str, Sequence[str]],
     hpa_tolerance: HpaTolerance = "cluster",
+    serving: ServingOptions = DEFAULT_SERVING,
 ) -> list[ObjectGroup]:
     """Every object, grouped; ``vllm_args`` maps workload name -> the vLLM container args;
-    ``target`` and ``hpa_tolerance`` are the stack's options (docs/infra.md)."""
+    ``target``, ``hpa_tolerance`` and ``serving`` are the stack's options (docs/infra.md,
+    docs/serving.md)."""
     missing = [w.name for w in policy.workloads if w.name not in vllm_args]
     if missing:
         raise MissingVllmArgs(f"no vLLM arguments for workloads {missing}")
@@ -139,16 +154,29 @@ def build_groups(
     hpas = production_autoscalers(policy)
     if hpas:
         groups.append(ObjectGroup(PRODUCTION, "production", tuple(hpas)))
+    served = serving.mode != "off"
+    gateway = policy.serving.gateway.namespace if policy.serving is not None else None
+    clients = (gateway,) if gateway is not None and serving.mode == "inference-extension" else ()
     groups += [
         ObjectGroup(
             INFERENCE_WORKLOAD,
             w.name,
             (
-                *flex_workload(policy, w, vllm_args[w.name], hpa_tolerance),
-                flex_network_policy(policy, w),
+                *flex_workload(
+                    policy,
+                    w,
+                    vllm_args[w.name],
+                    hpa_tolerance,
+                    pod_labels=flex_pod_labels(policy, w) if served else {},
+                ),
+                flex_network_policy(policy, w, clients),
             ),
         )
         for w in policy.workloads
+    ]
+    groups += [
+        ObjectGroup(SERVING[serving.mode], name, tuple(objects))
+        for name, objects in serving_groups(policy, serving)
     ]
     groups = [replace(g, objects=tuple(map(retained, g.objects))) for g in groups]
     check_unique(groups)
@@ -161,7 +189,14 @@ def build_bundle(
     target: Target,
     vllm_args: Mapping[str, Sequence[str]],
     hpa_tolerance: HpaTolerance = "cluster",
+    serving: ServingOptions = DEFAULT_SERVING,
 ) -> list[Manifest]:
     """Every object the policy implies, flat, in apply order."""
-    groups = build_groups(policy, target=target, vllm_args=vllm_args, hpa_tolerance=hpa_tolerance)
+    groups = build_groups(
+        policy,
+        target=target,
+        vllm_args=vllm_args,
+        hpa_tolerance=hpa_tolerance,
+        serving=serving,
+    )
     return [obj for group in groups for obj in group.objects]

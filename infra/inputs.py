@@ -15,6 +15,7 @@ from pathlib import Path
 
 from infra.builders.meta import Manifest
 from infra.builders.nodepools import TARGETS
+from infra.builders.serving import DEFAULT_SERVING, ServingOptions, serving_problems
 from infra.bundle import (
     INFERENCE_WORKLOAD,
     DuplicateObject,
@@ -58,11 +59,11 @@ class BundleInputs:
     """``policy.policy_warnings``: valid but probably not meant; the CLI prints them."""
 
 
-def load_inputs(policy_path: Path) -> BundleInputs:
+def load_inputs(policy_path: Path, serving: ServingOptions = DEFAULT_SERVING) -> BundleInputs:
     """Read and validate the policy, then derive the vLLM args of every workload.
 
-    Raises PolicyError listing every problem (policy, model config, derived object names)
-    before anything is built.
+    Raises PolicyError listing every problem (policy, model config, derived object names,
+    what the stack's ``serving`` mode needs: ``serving_problems``) before anything is built.
     """
     source = str(policy_path)
     document = read_yaml(policy_path)
@@ -81,6 +82,10 @@ def load_inputs(policy_path: Path) -> BundleInputs:
             path = f"workloads.{i}.attention_backend"
             problems.append(locate(document, source, path, str(exc)))
     problems += [locate(document, source, path, msg) for path, msg in name_problems(policy)]
+    problems += [
+        locate(document, source, path, msg)
+        for path, msg in serving_problems(policy, serving) or serving_name_problems(policy, serving)
+    ]
     if problems:
         raise PolicyError(sorted(problems, key=lambda p: (p.line, p.path)))
     return BundleInputs(policy, args, tuple(policy_warnings(policy, document, source)))
@@ -132,6 +137,25 @@ def name_problems(policy: PoolPolicy) -> list[tuple[str, str]]:
                 found[(path, f"{exc}; expected distinct names: rename one workload")] = None
         earlier.append(own)
     return list(found)
+
+
+def serving_name_problems(policy: PoolPolicy, serving: ServingOptions) -> list[tuple[str, str]]:
+    """An object of the serving layer that would be the same object (or Pulumi resource) as
+    another, e.g. a workload named like a pool's endpoint picker (``<model>-flex-epp``)."""
+    if serving.mode == "off":
+        return []
+    try:
+        build_groups(
+            policy,
+            target=TARGETS[0],
+            vllm_args={w.name: [] for w in policy.workloads},
+            serving=serving,
+        )
+    except DuplicateObject as exc:
+        return [
+            ("serving.models", f"{exc}; expected distinct names: rename the model or the other")
+        ]
+    return []
 
 
 def _repeated_mounts(obj: Manifest) -> list[tuple[str, str]]:

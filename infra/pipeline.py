@@ -7,6 +7,7 @@ from pathlib import Path
 
 from infra.builders.meta import Manifest
 from infra.builders.nodepools import Target
+from infra.builders.serving import DEFAULT_SERVING, ServingOptions
 from infra.builders.workload import HpaTolerance
 from infra.bundle import build_bundle
 from infra.inputs import BundleInputs, load_inputs
@@ -22,18 +23,33 @@ class Rendered:
 
 
 def render_inputs(
-    inputs: BundleInputs, *, target: Target, hpa_tolerance: HpaTolerance = "cluster"
+    inputs: BundleInputs,
+    *,
+    target: Target,
+    hpa_tolerance: HpaTolerance = "cluster",
+    serving: ServingOptions = DEFAULT_SERVING,
 ) -> Rendered:
     """Every object of validated inputs and the files beside them (the production
     Component, the prometheus-adapter fragment)."""
     objects = build_bundle(
-        inputs.policy, target=target, vllm_args=inputs.vllm_args, hpa_tolerance=hpa_tolerance
+        inputs.policy,
+        target=target,
+        vllm_args=inputs.vllm_args,
+        hpa_tolerance=hpa_tolerance,
+        serving=serving,
     )
     return Rendered(objects, render_documents(objects) | fragment_documents(inputs.policy))
 
 
 def render_policy_file(
-    path: Path, *, target: Target, hpa_tolerance: HpaTolerance = "cluster"
+    path: Path,
+    *,
+    target: Target,
+    hpa_tolerance: HpaTolerance = "cluster",
+    serving: ServingOptions = DEFAULT_SERVING,
 ) -> dict[str, str]:
     """Load and validate ``path`` (PolicyError on any problem), then render it."""
-    return render_inputs(load_inputs(path), target=target, hpa_tolerance=hpa_tolerance).documents
+    inputs = load_inputs(path, serving=serving)
+    return render_inputs(
+        inputs, target=target, hpa_tolerance=hpa_tolerance, serving=serving
+    ).documents

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pulumi
 from pulumi_kubernetes.core.v1 import Service
 
 from infra.builders.nodepools import TARGETS, Target
+from infra.builders.serving import (
+    DEFAULT_SERVING,
+    OBJECTIVE_APIS,
+    SERVING_MODES,
+    ServingOptions,
+)
 from infra.builders.workload import HPA_TOLERANCES, HpaTolerance
 from infra.bundle import (
     INFERENCE_WORKLOAD,
@@ -43,23 +49,40 @@ class StackSettings:
     hpa_tolerance: HpaTolerance = "cluster"
     """``gpupool:hpaTolerance``: ``cluster`` (the controller's flag) or ``behavior``
     (per-HPA tolerance 0; Kubernetes >= 1.33 with HPAConfigurableTolerance)."""
+    serving: ServingOptions = DEFAULT_SERVING
+    """``gpupool:serving`` (``inference-extension``, ``services`` or ``off``) and
+    ``gpupool:inferenceObjectiveApi`` (docs/serving.md "Stack options")."""
+
+
+Choice = TypeVar("Choice", bound=str)
+
+
+def _choice(
+    config: pulumi.Config, key: str, allowed: tuple[Choice, ...], default: Choice
+) -> Choice:
+    """``gpupool:<key>``, or ``default`` when unset; a value outside ``allowed`` stops the
+    program with the option's name and the allowed values."""
+    value = config.get(key) or default
+    for choice in allowed:
+        if choice == value:
+            return choice
+    raise pulumi.RunError(f"gpupool:{key} must be one of {list(allowed)}, found {value!r}")
 
 
 def read_settings(config: pulumi.Config, root: Path = PROJECT_ROOT) -> StackSettings:
     """Typed settings from the ``gpupool`` config namespace; a bad value stops the program."""
-    target = config.get("target") or "labels"
-    if target not in TARGETS:
-        raise pulumi.RunError(f"gpupool:target must be one of {list(TARGETS)}, found {target!r}")
-    tolerance = config.get("hpaTolerance") or "cluster"
-    if tolerance not in HPA_TOLERANCES:
-        raise pulumi.RunError(
-            f"gpupool:hpaTolerance must be one of {list(HPA_TOLERANCES)}, found {tolerance!r}"
-        )
+    target = _choice(config, "target", TARGETS, "labels")
+    tolerance = _choice(config, "hpaTolerance", HPA_TOLERANCES, "cluster")
+    serving = ServingOptions(
+        _choice(config, "serving", SERVING_MODES, DEFAULT_SERVING.mode),
+        _choice(config, "inferenceObjectiveApi", OBJECTIVE_APIS, DEFAULT_SERVING.objective_api),
+    )
     policy = Path(config.get("policy") or "policy/pool.yaml")
     return StackSettings(
         policy if policy.is_absolute() else root / policy,
         target,
         tolerance,
+        serving,
     )
 
 
@@ -126,7 +149,7 @@ def run(settings: StackSettings) -> list[BundleComponent]:
     ``FILE:LINE: path: message`` lines ``gpupool validate`` prints (no traceback).
     """
     try:
-        inputs = load_inputs(settings.policy_path)
+        inputs = load_inputs(settings.policy_path, serving=settings.serving)
     except PolicyError as exc:
         raise pulumi.RunError(str(exc)) from None
     groups = build_groups(
@@ -134,9 +157,11 @@ def run(settings: StackSettings) -> list[BundleComponent]:
         target=settings.target,
         vllm_args=inputs.vllm_args,
         hpa_tolerance=settings.hpa_tolerance,
+        serving=settings.serving,
     )
     components = declare_groups(groups)
     pulumi.export("target", settings.target)
+    pulumi.export("serving", settings.serving.mode)
     pulumi.export(
         "flex_endpoints",
         {c.group_name: c.service_url for c in components if isinstance(c, InferenceWorkload)},

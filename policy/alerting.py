@@ -43,6 +43,15 @@ class KvHitRate(AlertRule):
     not recorded, so it never fires: a few requests say nothing about the cache. The default,
     10 tokens/s, is 3,000 tokens in a 5-minute window, a handful of typical prompts; 0 keeps
     every instance that had any query."""
+    warmup: Duration = "10m"
+    """An instance whose vLLM API server process started less than this long ago never
+    fires: a new or restarted replica begins with an empty prefix cache (and one that has
+    restored nothing from the snapshot tier yet stays cold), so its first minutes say nothing
+    about fragmentation or KV capacity. Counted from ``process_start_time_seconds`` of the
+    scrape target serving the instance's ``vllm:`` series, which includes the model load, so
+    the alert fires at the earliest ``warmup`` + ``for`` after the process started. Where that
+    series is missing (vLLM with several API server processes exports none), nothing is
+    suppressed: the alert behaves as without a warm-up."""
 
 
 class GpuMemoryPressure(AlertRule):
@@ -87,6 +96,60 @@ class GpuPodAttributionMissing(AlertRule):
     """Production holds GPUs but dcgm-exporter attributes none of them to its pods."""
 
 
+class KvTierThrashing(AlertRule):
+    """The snapshot tier's capacity passes delete blocks that were still in use: the tier is
+    smaller than the working set (``snapshot_volume.tier_capacity`` or the PVC too small)."""
+
+    quantile: Fraction = Field(0.5, gt=0, lt=1)
+    """Quantile of ``gpupool_kv_tier_evicted_age_seconds`` (time since last use of each block
+    a capacity pass deleted) compared with ``evicted_age_below``. 0.5, the median: more than
+    half of what the GC had to delete had been used within ``evicted_age_below``."""
+    evicted_age_below: Duration = "15m"
+    """Fires while that quantile, over ``metrics.rate_window`` (or three
+    ``kv_cache.snapshot_gc_interval`` if longer, so every window holds passes), stays below
+    this. The GC deletes least recently used first, so the tier then holds less than that
+    much history: a replica evicted and rescheduled later than that restores nothing of its
+    prefixes. The default is a bucket bound of the histogram (1m, 5m, 15m, 1h, 4h, 24h),
+    where the comparison is exact: more than ``quantile`` of the deleted blocks were at most
+    this old; between bounds the quantile is interpolated linearly within its bucket."""
+
+
+class KvSnapshotGcStalled(AlertRule):
+    """A flex pod's snapshot GC has not completed a pass for several GC intervals, or its
+    sidecar stopped answering: nothing bounds the tier, so the volume fills and vLLM's
+    writes fail."""
+
+    missed_passes: int = Field(5, ge=2)
+    """Fires once the last completed pass is older than this many
+    ``kv_cache.snapshot_gc_interval`` (default 5 x 1m). A pass is stamped with its start and
+    the next one starts an interval after it ends, so a healthy pass that takes ``d`` seconds
+    ages the stamp to ``2d`` + interval: a GC whose passes take longer than about twice the
+    interval fires too (it cannot keep up with the volume)."""
+    lookback: Duration = "6h"
+    """How far back the last pass is looked up while the sidecar's scrape fails (``up`` 0):
+    its series then vanish, and this keeps the alert firing for that long after the last
+    answer. A sidecar that never answered a scrape is invisible here (the pod's container
+    status, e.g. kube-prometheus' KubePodCrashLooping, covers it)."""
+
+
+class KvSnapshotGcErrors(AlertRule):
+    """A flex pod's snapshot GC fails to delete files (``gpupool_kv_tier_gc_errors_total``
+    rising): what it cannot delete it cannot free."""
+
+
+class KvSnapshotFlushDropped(AlertRule):
+    """Grace-period flushes of stopping replicas dropped writes: ``disruption.snapshot_s`` is
+    too short for the volume's write rate."""
+
+    max_dropped_share: Fraction = 0.1
+    """Fires above this share of the blocks in flight at the stop of the workload's exited
+    replicas (written + failed + dropped) that were dropped when the budget ran out, over
+    ``window``; 0 fires on any dropped block."""
+    window: Duration = "1h"
+    """Window of the share: replicas exit rarely (a rollout, an eviction), so it spans a
+    rolling update's exits and keeps one exit's drops visible for that long."""
+
+
 class AlertThresholds(StrictModel):
     """One entry per alert gpupool ships; thresholds and ``for:`` live here, not in rule bodies."""
 
@@ -121,6 +184,17 @@ class AlertThresholds(StrictModel):
         for_="30m", severity="warning"
     )
     """GPUPodAttributionMissing: dcgm-exporter runs without Kubernetes pod attribution."""
+    kv_tier_thrashing: KvTierThrashing = KvTierThrashing(for_="30m", severity="warning")
+    """KVSnapshotTierThrashing: capacity passes delete recently used blocks (series of the
+    snapshot GC: only with ``kv_cache.kv_preservation: filesystem``)."""
+    kv_snapshot_gc_stalled: KvSnapshotGcStalled = KvSnapshotGcStalled(for_="5m", severity="warning")
+    """KVSnapshotGCStalled: a pod's snapshot GC stopped passing or answering."""
+    kv_snapshot_gc_errors: KvSnapshotGcErrors = KvSnapshotGcErrors(for_="15m", severity="warning")
+    """KVSnapshotGCErrors: a pod's snapshot GC keeps failing to delete files."""
+    kv_snapshot_flush_dropped: KvSnapshotFlushDropped = KvSnapshotFlushDropped(
+        for_="5m", severity="warning"
+    )
+    """KVSnapshotFlushDropped: stopping replicas drop the writes their flush had no time for."""
 
 
 class Receiver(StrictModel):

@@ -224,6 +224,25 @@ ReplicaBound = Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
 Quantity = Annotated[str, AfterValidator(_check_quantity)]
 """A Kubernetes resource quantity (``16Gi``, ``500m``)."""
 
+
+def _check_quantity_or_percent(value: str) -> str:
+    if not value.endswith("%"):
+        return _check_quantity(value)
+    try:
+        share = float(value[:-1])
+    except ValueError:
+        share = -1.0
+    if not 0 < share <= 100:
+        raise ValueError(
+            f"expected a percentage in (0, 100] such as 90%, or a Kubernetes quantity such as "
+            f"80Gi, found {value!r}"
+        )
+    return value
+
+
+QuantityOrPercent = Annotated[str, AfterValidator(_check_quantity_or_percent)]
+"""A Kubernetes quantity (``80Gi``) or a percentage of another quantity (``90%``)."""
+
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 """A share in [0, 1]; gpupool writes utilization and ratios as fractions, never percent."""
 

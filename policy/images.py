@@ -57,6 +57,9 @@ def image_warnings(policy: PoolPolicy) -> list[tuple[str, str]]:
     """
     images = [("cluster.runtime_image", policy.cluster.runtime_image)]
     images += [(f"workloads.{i}.image", w.image) for i, w in enumerate(policy.workloads)]
+    if policy.serving is not None:
+        at, picker = "serving.endpoint_picker.images", policy.serving.endpoint_picker.images
+        images += [(f"{at}.{field}", image) for field, image in picker.model_dump().items()]
     return [
         (
             path,

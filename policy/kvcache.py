@@ -8,6 +8,14 @@ from pydantic import Field, model_validator
 
 from policy.base import Duration, Fraction, Invariants, StrictModel
 
+PrefixHashAlgo = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+"""vLLM 0.32's ``--prefix-caching-hash-algo`` values (vllm/config/cache.py)."""
+
+SEEDLESS_HASH_ALGOS = ("xxhash", "xxhash_cbor")
+"""Algorithms whose block-hash seed vLLM draws at random per process unless ``PYTHONHASHSEED``
+is set (vllm/v1/core/kv_cache_utils.py ``resolve_none_hash_seed``): a restarted engine
+computes other hashes, so every block it restored from the snapshot tier would miss."""
+
 KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 """Values of vLLM's ``--kv-cache-dtype`` that gpupool accepts."""
 
@@ -35,6 +43,20 @@ class KvCache(StrictModel):
     preemption of requests, not of the pod); ``off`` disables offloading. Both connectors
     hold block ids and the KV buffer, which KV compaction changes under them: a workload
     with ``kv_compaction`` needs ``off`` (docs/kvcache.md, Connectors)."""
+    prefix_caching_hash_algo: PrefixHashAlgo = "sha256"
+    """vLLM ``--prefix-caching-hash-algo``. The prefix hashes name the snapshot tier's files,
+    so a restarted or rescheduled replica finds its blocks only if it hashes alike: sha256
+    uses a fixed seed; the xxhash variants need ``python_hash_seed`` with
+    ``kv_preservation: filesystem``."""
+    python_hash_seed: int | None = Field(None, ge=0, le=4294967295)
+    """``PYTHONHASHSEED`` of the vLLM container (unset: not set). It seeds vLLM's block
+    hashes, so every replica sharing a snapshot volume must use the same value."""
+    snapshot_reclaim_after: Duration = "15m"
+    """A snapshot-tier directory no live replica has touched for this long is reclaimed once a
+    replica of another vLLM version, model or layout is live on the volume; a partial write
+    this old is a writer that died. Longer than a rolling update (docs/preservation.md)."""
+    snapshot_gc_interval: Duration = "1m"
+    """How often the snapshot GC scans the volume and enforces ``tier_capacity``."""
     offload_host_gib: float = Field(16.0, gt=0, le=4096)
     """Host memory (GiB) of the CPU tier every offloaded block passes through (vLLM
     ``cpu_bytes_to_use``); must fit in the workload's container memory."""
@@ -91,6 +113,17 @@ class KvCache(StrictModel):
             f"shrink_prefix_cache_share ({self.shrink_prefix_cache_share}) must be below "
             f"shrink_target_usage ({self.shrink_target_usage}): a warm prefix cache would size "
             "every shrink target at or above the whole pool; lower shrink_prefix_cache_share",
+        )
+        found.require(
+            self.kv_preservation != "filesystem"
+            or self.prefix_caching_hash_algo not in SEEDLESS_HASH_ALGOS
+            or self.python_hash_seed is not None,
+            "prefix_caching_hash_algo",
+            f"kv_preservation: filesystem with prefix_caching_hash_algo "
+            f"{self.prefix_caching_hash_algo!r} and no python_hash_seed: vLLM seeds xxhash "
+            "block hashes at random per process, so a restarted replica would miss every "
+            "block it restored; expected prefix_caching_hash_algo sha256 or sha256_cbor, or "
+            "kv_cache.python_hash_seed set",
         )
         found.raise_if_any()
         return self

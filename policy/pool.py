@@ -17,6 +17,7 @@ from policy.network import Network
 from policy.nodepools import NodePool, karpenter_seconds
 from policy.priorities import Priorities
 from policy.production import ProductionWorkload
+from policy.serving import Serving, check_serving
 from policy.tuner import Tuner
 from policy.workloads import FlexWorkload
 
@@ -145,6 +146,17 @@ class PoolPolicy(StrictModel):
                 "and the KV buffer, which compaction and shrink change under it (stale blocks "
                 "stored under correct prefix hashes); expected kv_compaction: false or "
                 "kv_preservation: off",
+            )
+            found.require(
+                self.kv_cache.kv_preservation != "filesystem"
+                or w.max_replicas == 1
+                or w.snapshot_volume.access_mode == "ReadWriteMany",
+                f"{at}.snapshot_volume.access_mode",
+                f"workload {w.name!r} shares its snapshot volume ({w.snapshot_volume.access_mode}) "
+                f"among up to {w.max_replicas} replicas, which spread over nodes: "
+                "ReadWriteOncePod admits one pod, ReadWriteOnce one node, so the others never "
+                "start (Multi-Attach error); expected ReadWriteMany (a storage class such as "
+                "NFS, CephFS, EFS, Filestore, Azure Files) or max_replicas: 1",
             )
             found.require(
                 not w.kv_compaction or w.port != self.kv_cache.compaction_sidecar_port,
@@ -311,3 +323,15 @@ class PoolPolicy(StrictModel):
                 "replicas beyond that could never be scheduled: lower max_replicas or raise "
                 "the pools' max_nodes",
             )
+
+    serving: Serving | None = None
+    """The serving layer: served models, traffic classes, the gateway and the endpoint
+    picker (docs/serving.md). Unset: nothing routes to the instances; the stack option
+    ``gpupool:serving`` decides whether and how it is rendered."""
+
+    @model_validator(mode="after")
+    def _serving_rules(self) -> PoolPolicy:
+        found = Invariants()
+        check_serving(self, found)
+        found.raise_if_any()
+        return self

@@ -12,6 +12,7 @@ from policy.base import (
     DnsSubdomain,
     Invariants,
     Quantity,
+    QuantityOrPercent,
     ReplicaBound,
     ServiceName,
     StrictModel,
@@ -35,6 +36,31 @@ class SnapshotVolume(StrictModel):
     ``ReadWriteOnce``/``ReadWriteOncePod`` keep every replica on one node's volume."""
     mount_path: str = Field("/var/lib/gpupool/kv-snapshots", pattern=r"^/")
     """Where the volume is mounted in the vLLM container; root of vLLM's filesystem KV tier."""
+    tier_capacity: QuantityOrPercent = "90%"
+    """Most bytes the snapshot tier may hold: a share of ``size`` (``"90%"``) or a quantity
+    (``"80Gi"``) at most ``size``. The snapshot GC deletes whole block files, least recently
+    used first, down to 90 % of it (docs/preservation.md); vLLM's own tier never
+    deletes, so without the bound the volume fills and every write fails."""
+
+    @property
+    def capacity_bytes(self) -> int:
+        """``tier_capacity`` in bytes."""
+        if self.tier_capacity.endswith("%"):
+            return int(quantity_bytes(self.size) * float(self.tier_capacity[:-1]) / 100)
+        return int(quantity_bytes(self.tier_capacity))
+
+    @model_validator(mode="after")
+    def _capacity_fits(self) -> SnapshotVolume:
+        found = Invariants()
+        size = quantity_bytes(self.size)
+        found.require(
+            0 < self.capacity_bytes <= size,
+            "tier_capacity",
+            f"tier_capacity {self.tier_capacity!r} is {self.capacity_bytes} bytes; expected more "
+            f"than 0 and at most size ({self.size}, {size} bytes)",
+        )
+        found.raise_if_any()
+        return self
 
 
 class ModelCache(StrictModel):
@@ -60,9 +86,14 @@ class Resources(StrictModel):
     @property
     def memory_bytes(self) -> int:
         """``memory`` in bytes (the KV offload tier must fit in it)."""
-        match = re.fullmatch(r"([0-9.]+)(.*)", self.memory)
-        assert match is not None  # Quantity validated the format
-        return int(float(match[1]) * _QUANTITY_FACTORS[match[2]])
+        return int(quantity_bytes(self.memory))
+
+
+def quantity_bytes(quantity: str) -> float:
+    """A validated Kubernetes quantity (``Quantity``) as a number."""
+    match = re.fullmatch(r"([0-9.]+)(.*)", quantity)
+    assert match is not None  # Quantity validated the format
+    return float(match[1]) * _QUANTITY_FACTORS[match[2]]
 
 
 _QUANTITY_FACTORS = {

@@ -5,7 +5,9 @@
 - flex pod, compaction sidecar port (``kv-metrics``): the tuner (compaction requests) and
   Prometheus;
 - tuner, webhook port: Alertmanager (the ``gpupool-tuner`` receiver; by default in the system
-  namespace, beside the configuration Secret the bundle renders for it) and Prometheus.
+  namespace, beside the configuration Secret the bundle renders for it) and Prometheus;
+- endpoint picker (serving layer), ext_proc port: the Gateway's namespace; its metrics port:
+  Prometheus.
 
 Ingress only: egress stays open (vLLM downloads weights, the tuner reaches git and
 Prometheus). Peers are selected by the ``kubernetes.io/metadata.name`` label the API server
@@ -16,10 +18,13 @@ subject to them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from infra.builders.compaction_sidecar import METRICS_PORT
 from infra.builders.meta import Manifest, metadata, selector_labels
 from infra.builders.rbac import TUNER_SERVICE_ACCOUNT
 from infra.builders.runtime_components import TUNER_PORT
+from infra.builders.snapshot_gc import preserving
 from infra.builders.workload import COMPONENT, HTTP_PORT
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
@@ -54,14 +59,23 @@ def _policy(name: str, component: str, namespace: str, pods: dict[str, str]) -> 
     }
 
 
-def flex_network_policy(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
-    """Ingress of ``workload``'s pods: vLLM's port, and the sidecar's when it runs."""
+def flex_network_policy(
+    policy: PoolPolicy, workload: FlexWorkload, serving_clients: Sequence[str] = ()
+) -> Manifest:
+    """Ingress of ``workload``'s pods: vLLM's port, and the sidecar's when it runs.
+
+    ``serving_clients``: namespaces the serving layer adds (the Gateway's, whose proxy sends
+    each request to the instance the endpoint picker chose); the pickers of the flex pools
+    run in the flex namespace, which is admitted already."""
     prometheus = _prometheus(policy)
-    clients = [{"podSelector": {}}, *map(_namespace, policy.network.flex_client_namespaces)]
+    namespaces = dict.fromkeys([*policy.network.flex_client_namespaces, *serving_clients])
+    clients = [{"podSelector": {}}, *map(_namespace, namespaces)]
     rules = [_rule([*clients, prometheus], HTTP_PORT)]
     if workload.kv_compaction:
         tuner = _pods(policy.cluster.system_namespace, selector_labels(TUNER_SERVICE_ACCOUNT))
         rules.append(_rule([tuner, prometheus], METRICS_PORT))
+    elif preserving(policy):  # the snapshot GC's /metrics: Prometheus only
+        rules.append(_rule([prometheus], METRICS_PORT))
     out = _policy(
         workload.name, COMPONENT, policy.cluster.flex_namespace, selector_labels(workload.name)
     )
@@ -81,4 +95,24 @@ def tuner_network_policy(policy: PoolPolicy) -> Manifest:
     alertmanager = network.alertmanager_namespace or policy.cluster.system_namespace
     peers = [_pods(alertmanager, network.alertmanager_pod_labels), _prometheus(policy)]
     out["spec"]["ingress"] = [_rule(peers, TUNER_PORT)]
+    return out
+
+
+def endpoint_picker_network_policy(
+    policy: PoolPolicy,
+    namespace: str,
+    pods: dict[str, str],
+    ports: tuple[str, str],
+    gateway_namespace: str,
+) -> Manifest:
+    """Ingress of one endpoint picker: its ext_proc port (``ports[0]``) from the Gateway's
+    namespace (its proxy asks the picker for every request), its metrics port (``ports[1]``)
+    from Prometheus. The picker calls the instances, never the reverse."""
+    name = pods["app.kubernetes.io/instance"]
+    out = _policy(name, "serving", namespace, pods)
+    grpc, metrics = ports
+    out["spec"]["ingress"] = [
+        _rule([_namespace(gateway_namespace)], grpc),
+        _rule([_prometheus(policy)], metrics),
+    ]
     return out

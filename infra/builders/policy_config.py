@@ -1,5 +1,6 @@
 """The ``gpupool-policy`` ConfigMap: the policy the KV compaction sidecars read their triggers
-from (``gpupool kv-sidecar run --policy``), in the flex namespace.
+from (``gpupool kv-sidecar run --policy``) and the snapshot GCs their timings
+(``gpupool kv-snapshots gc --policy``), in the flex namespace.
 
 It restates the validated policy without its ``workloads`` list (``model_dump(by_alias=True)``),
 so the sidecar loads it with the same loader and checks as ``gpupool validate``. The
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from infra.builders.compaction_sidecar import POLICY_CONFIGMAP, POLICY_FILE
 from infra.builders.meta import Manifest, metadata
+from infra.builders.snapshot_gc import preserving
 from infra.yaml_text import to_yaml
 from policy import PoolPolicy
 
@@ -29,8 +31,9 @@ def policy_text(policy: PoolPolicy) -> str:
 
 
 def policy_config_map(policy: PoolPolicy) -> list[Manifest]:
-    """The ConfigMap, or nothing when no workload runs the compaction sidecar."""
-    if not any(w.kv_compaction for w in policy.workloads):
+    """The ConfigMap, or nothing when no pod runs a sidecar that reads it (the compaction
+    sidecar, or the snapshot GC: its timings; its capacity is an argument)."""
+    if not (preserving(policy) or any(w.kv_compaction for w in policy.workloads)):
         return []
     return [
         {

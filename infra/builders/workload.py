@@ -11,7 +11,7 @@ clamped to the workload's replica bounds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from infra.builders.compaction_sidecar import (
@@ -26,6 +26,14 @@ from infra.builders.compaction_sidecar import (
 from infra.builders.meta import Manifest, metadata, selector_labels
 from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
 from infra.builders.rbac import FLEX_SERVICE_ACCOUNT
+from infra.builders.snapshot_gc import (
+    preserving,
+    snapshot_claim_name,
+    snapshot_gc,
+    snapshot_volumes,
+    vllm_snapshot_env,
+    vllm_snapshot_mounts,
+)
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
 from runtime.metrics import catalogue
@@ -102,11 +110,6 @@ STARTUP_PERIOD_S = 10
 """Startup probe period; ``startup_timeout_s`` / this many failures are allowed."""
 
 
-def snapshot_claim_name(workload: FlexWorkload) -> str:
-    """Name of the workload's KV-snapshot PersistentVolumeClaim."""
-    return f"{workload.name}-kv-snapshots"
-
-
 def model_cache_claim_name(workload: FlexWorkload) -> str:
     """Name of the workload's shared model-cache PersistentVolumeClaim."""
     return f"{workload.name}-model-cache"
@@ -134,14 +137,17 @@ def flex_workload(
     workload: FlexWorkload,
     vllm_args: Sequence[str],
     hpa_tolerance: HpaTolerance = "cluster",
+    pod_labels: Mapping[str, str] | None = None,
 ) -> list[Manifest]:
-    """Every object of one flex workload, in apply order."""
+    """Every object of one flex workload, in apply order; ``pod_labels`` join its pods to
+    the serving layer's pools (``infra.builders.serving.flex_pod_labels``)."""
     compaction = [compaction_service(policy, workload)] if workload.kv_compaction else []
     cache = [model_cache_claim(policy, workload)] if workload.model_cache.storage_class else []
+    snapshots = [snapshot_claim(policy, workload)] if preserving(policy) else []
     return [
-        snapshot_claim(policy, workload),
+        *snapshots,
         *cache,
-        deployment(policy, workload, vllm_args),
+        deployment(policy, workload, vllm_args, pod_labels),
         service(policy, workload),
         *compaction,
         disruption_budget(policy, workload),
@@ -187,17 +193,13 @@ def model_cache_claim(policy: PoolPolicy, workload: FlexWorkload) -> Manifest:
 
 
 def _volumes(workload: FlexWorkload) -> list[Manifest]:
-    """The vLLM container's volumes (the compaction sidecar adds its own)."""
+    """The vLLM container's volumes (the compaction sidecar and the snapshot GC add theirs)."""
     models: Manifest = (
         {"persistentVolumeClaim": {"claimName": model_cache_claim_name(workload)}}
         if workload.model_cache.storage_class
         else {"emptyDir": {"sizeLimit": workload.model_cache.size}}
     )
     volumes: list[Manifest] = [
-        {
-            "name": "kv-snapshots",
-            "persistentVolumeClaim": {"claimName": snapshot_claim_name(workload)},
-        },
         {"name": "cache", "emptyDir": {"sizeLimit": CACHE_SIZE_LIMIT}},
         {"name": "models", **models},
         {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
@@ -214,7 +216,12 @@ def _volumes(workload: FlexWorkload) -> list[Manifest]:
     return volumes
 
 
-def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[str]) -> Manifest:
+def deployment(
+    policy: PoolPolicy,
+    workload: FlexWorkload,
+    vllm_args: Sequence[str],
+    pod_labels: Mapping[str, str] | None = None,
+) -> Manifest:
     """The vLLM Deployment: lowest priority, flex pool only, spread, drained on eviction.
 
     ``replicas`` is left out: the HPA owns it, and a rendered value would fight the HPA on
@@ -237,7 +244,7 @@ def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[s
             },
         )
     pod_meta = _meta(policy, workload.name, workload)
-    pod_meta["labels"] |= selector
+    pod_meta["labels"] |= {**(pod_labels or {}), **selector}
     del pod_meta["name"], pod_meta["namespace"]
     containers = [_vllm_container(policy, workload, vllm_args)]
     volumes = _volumes(workload)
@@ -245,6 +252,10 @@ def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[s
     if workload.kv_compaction:
         containers.append(compaction_sidecar(policy, workload))
         volumes += compaction_volumes(policy, workload)
+        compaction["initContainers"] = [plugin_installer(policy)]
+    elif preserving(policy):
+        containers.append(snapshot_gc(policy, workload))
+        volumes += snapshot_volumes(workload)
         compaction["initContainers"] = [plugin_installer(policy)]
     return {
         "apiVersion": "apps/v1",
@@ -279,6 +290,12 @@ def deployment(policy: PoolPolicy, workload: FlexWorkload, vllm_args: Sequence[s
     }
 
 
+def _hash_seed_env(policy: PoolPolicy) -> list[Manifest]:
+    """``PYTHONHASHSEED``: seeds vLLM's prefix hashes, which name the snapshot files."""
+    seed = policy.kv_cache.python_hash_seed
+    return [] if seed is None else [{"name": "PYTHONHASHSEED", "value": str(seed)}]
+
+
 def _anti_affinity(policy: PoolPolicy, selector: dict[str, str]) -> Manifest:
     term = {"labelSelector": {"matchLabels": selector}, "topologyKey": "kubernetes.io/hostname"}
     if policy.disruption.anti_affinity == "required":
@@ -309,13 +326,14 @@ def _vllm_container(
         "env": [
             {"name": "HOME", "value": CACHE_MOUNT_PATH},
             {"name": "HF_HOME", "value": f"{MODEL_CACHE_PATH}/huggingface"},
-            {"name": "GPUPOOL_KV_SNAPSHOT_DIR", "value": workload.snapshot_volume.mount_path},
             *(
                 [{"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"}]
                 if workload.hf_token_secret is not None
                 else []
             ),
             *(vllm_plugin_env() if plugin else []),
+            *(vllm_snapshot_env() if preserving(policy) else []),
+            *_hash_seed_env(policy),
         ],
         "resources": {"requests": dict(limits), "limits": limits},
         "startupProbe": probe
@@ -335,7 +353,7 @@ def _vllm_container(
             "capabilities": {"drop": ["ALL"]},
         },
         "volumeMounts": [
-            {"name": "kv-snapshots", "mountPath": workload.snapshot_volume.mount_path},
+            *(vllm_snapshot_mounts(workload) if preserving(policy) else []),
             {"name": "cache", "mountPath": CACHE_MOUNT_PATH},
             {"name": "models", "mountPath": MODEL_CACHE_PATH},
             {"name": "tmp", "mountPath": "/tmp"},

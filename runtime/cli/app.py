@@ -10,6 +10,7 @@ from runtime.cli import (
     infra_commands,
     kvcache_commands,
     policy_commands,
+    snapshot_commands,
     tuner_commands,
     vllm_commands,
     whatif_commands,
@@ -28,6 +29,7 @@ vllm_commands.register(app)
 alerts_commands.register(app)
 tuner_commands.register(app)
 kvcache_commands.register(app)
+snapshot_commands.register(app)
 forge_commands.register(app)
 whatif_commands.register(app)
 

@@ -11,6 +11,12 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from infra.builders.nodepools import Target
+from infra.builders.serving import (
+    DEFAULT_SERVING,
+    ObjectiveApi,
+    ServingMode,
+    ServingOptions,
+)
 from infra.builders.workload import HpaTolerance
 from infra.diff import diff_documents
 from infra.inputs import load_inputs
@@ -36,6 +42,21 @@ ToleranceOption = Annotated[
     ),
 ]
 OutOption = Annotated[Path, typer.Option("--out", "-o", help="Directory to write the YAML into.")]
+ServingOption = Annotated[
+    ServingMode,
+    typer.Option(
+        "--serving",
+        help="Serving layer (stack option gpupool:serving): inference-extension, services or off.",
+    ),
+]
+ObjectiveApiOption = Annotated[
+    ObjectiveApi,
+    typer.Option(
+        "--inference-objective-api",
+        help="InferenceObjective group/version (gpupool:inferenceObjectiveApi): "
+        "inference.networking.x-k8s.io/v1alpha2 (GIE <= v1.5) or llm-d.ai/v1alpha2 (llm-d-router).",
+    ),
+]
 
 
 def render(
@@ -43,12 +64,17 @@ def render(
     out: OutOption = Path("build"),
     target: TargetOption = "labels",
     hpa_tolerance: ToleranceOption = "cluster",
+    serving: ServingOption = DEFAULT_SERVING.mode,
+    objective_api: ObjectiveApiOption = DEFAULT_SERVING.objective_api,
 ) -> None:
     """Write every object as YAML, one file each, byte-identical for the same policy; the
     directory is replaced whole (files gpupool did not write are kept)."""
+    options = ServingOptions(serving, objective_api)
     with reported_errors():
-        inputs = load_inputs(policy_file(file))
-        documents = render_inputs(inputs, target=target, hpa_tolerance=hpa_tolerance).documents
+        inputs = load_inputs(policy_file(file), serving=options)
+        documents = render_inputs(
+            inputs, target=target, hpa_tolerance=hpa_tolerance, serving=options
+        ).documents
         result = _write(out, documents)
     print_warnings(inputs)
     console.print(
@@ -70,15 +96,20 @@ def diff(
     ] = None,
     target: TargetOption = "labels",
     hpa_tolerance: ToleranceOption = "cluster",
+    serving: ServingOption = DEFAULT_SERVING.mode,
+    objective_api: ObjectiveApiOption = DEFAULT_SERVING.objective_api,
     exit_code: Annotated[
         bool, typer.Option("--exit-code", help="Exit 1 when the renders differ (like git diff).")
     ] = False,
 ) -> None:
     """Render both policies and print the object-level difference (exit 0 unless --exit-code)."""
+    options = ServingOptions(serving, objective_api)
     with reported_errors():
         text = diff_documents(
-            render_policy_file(old, target=target, hpa_tolerance=hpa_tolerance),
-            render_policy_file(policy_file(new), target=target, hpa_tolerance=hpa_tolerance),
+            render_policy_file(old, target=target, hpa_tolerance=hpa_tolerance, serving=options),
+            render_policy_file(
+                policy_file(new), target=target, hpa_tolerance=hpa_tolerance, serving=options
+            ),
         )
     typer.echo(text or "no differences", nl=not text)
     if text and exit_code:

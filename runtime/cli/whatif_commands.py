@@ -65,6 +65,32 @@ def print_summary(result: Result, title: str) -> None:
         console.print(line, markup=False)
     for line in markdown.goal_lines(result):
         console.print(line, markup=False)
+    if result.tuner is not None:
+        print_tuner(result)
+
+
+def print_tuner(result: Result) -> None:
+    """The tuner's proposals as a table (when, what, outcome, effect), each one's reason
+    below it; without a proposal, the last cycle's reasons."""
+    tuner = result.tuner
+    assert tuner is not None
+    head, *rest = markdown.tuner_lines(tuner)
+    console.print(head, markup=False)
+    if not tuner.proposals:
+        for line in rest:
+            console.print(line, markup=False)
+        return
+    table = Table("proposed", "change", "outcome", "before -> after")
+    for p in tuner.proposals:
+        table.add_row(
+            markdown.clock(p.proposed_at_s),
+            markdown.change_text(p),
+            markdown.outcome_text(p),
+            markdown.effect_text(p),
+        )
+    console.print(table)
+    for p in tuner.proposals:
+        console.print(f"why ({markdown.clock(p.proposed_at_s)}, {p.rule}): {p.why}", markup=False)
 
 
 def write_outputs(
@@ -154,6 +180,22 @@ def whatif(
     markdown_out: Annotated[
         Path | None, typer.Option("--markdown", help="Write the report (or PR comment) here.")
     ] = None,
+    tuner: Annotated[
+        bool,
+        typer.Option(
+            "--tuner",
+            help="Run the tuner's decisions in the pooled loop every tuner interval and merge "
+            "its proposals after --review-delay.",
+        ),
+    ] = False,
+    tuner_settings: Annotated[
+        Path | None,
+        typer.Option(help="The tuner's settings file (as gpupool tune --settings)."),
+    ] = None,
+    review_delay: Annotated[
+        str | None,
+        typer.Option(help="From a proposal to its merge, e.g. 30m (default: one tuner interval)."),
+    ] = None,
 ) -> None:
     """Replay production and flex traces through the closed loop; compare with fixed GPUs."""
     with reported_errors(), _domain_errors():
@@ -171,6 +213,9 @@ def whatif(
             startup_s,
             _choice("--target", target, ("labels", "karpenter")),  # type: ignore[arg-type]
             _choice("--hpa-tolerance", hpa_tolerance, HPA_TOLERANCES),  # type: ignore[arg-type]
+            tuner=tuner,
+            tuner_settings=None if tuner_settings is None else str(tuner_settings),
+            review_delay=review_delay,
         )
         if (base is None) != (head is None):
             raise UsageProblem("--base and --head go together")

@@ -8,11 +8,14 @@ data that no rule ever evaluated: ``build_catalogue(policy).query(KV_CACHE_HIT_R
 
 Sources (names in ../shared/FACTS.md): dcgm-exporter (GPU utilization with the pod holding
 each GPU, framebuffer), kube-state-metrics (node labels and allocatable GPUs, pod phases,
-GPU requests, priority classes, deletion marks and disruption reasons, deployment replicas)
-and vLLM's own ``/metrics``. The flex budget (``_Builder.budget``) is mirrored in Python by
-``runtime.sim.budget`` for the what-if engine; change both together. Flex evictions come from
-``runtime.metrics.evictions`` (``kube_pod_status_reason`` and, on kube-state-metrics >= 2.20,
-``kube_pod_status_disruption_reason``; docs/alerts.md says what each version sees).
+GPU requests, priority classes, deletion marks and disruption reasons, deployment replicas),
+vLLM's own ``/metrics`` and, with ``kv_cache.kv_preservation: filesystem``, the snapshot GC
+sidecar of each flex pod (``gpupool_kv_tier_*``, runtime/kvcache/preservation/gc.py; absent
+otherwise, so its queries record nothing there). The flex budget (``_Builder.budget``) is
+mirrored in Python by ``runtime.sim.budget`` for the what-if engine; change both together.
+Flex evictions come from ``runtime.metrics.evictions`` (``kube_pod_status_reason`` and, on
+kube-state-metrics >= 2.20, ``kube_pod_status_disruption_reason``; docs/alerts.md says what
+each version sees).
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ FLEX_EVICTIONS = "gpupool:flex_evictions:per_minute"
 PROD_PODS_PENDING = "gpupool:prod_pods_pending"
 FLEX_PODS_RUNNING = "gpupool:flex_pods_running"
 FLEX_HPA_AT_MAX = "gpupool:flex_hpa_at_max"
+VLLM_START_TIME = "gpupool:vllm_start_time:seconds"
+PROMPT_TOKENS_FROM_TIER = "gpupool:prompt_tokens_from_tier:ratio"
+KV_TIER_DELETIONS = "gpupool:kv_tier_deletions:per_minute"
+KV_TIER_FILL = "gpupool:kv_tier_fill:ratio"
 
 BUDGET_LABEL = "workload"
 """Label of ``gpupool:flex_gpu_budget`` naming the workload; the HPA selects on it."""
@@ -138,9 +145,31 @@ class _Builder:
         self.window = self.m.rate_window
         self.by_instance = ", ".join(self.m.instance_labels)
 
-    def vllm(self, name: str) -> str:
-        """Selector of a vLLM metric (``name`` without prefix) of the flex instances."""
-        return f'vllm:{name}{{namespace="{self.flex_ns}"}}'
+    def vllm(self, name: str, matchers: str = "") -> str:
+        """Selector of a vLLM metric (``name`` without prefix) of the flex instances,
+        narrowed by ``matchers``."""
+        extra = f", {matchers}" if matchers else ""
+        return f'vllm:{name}{{namespace="{self.flex_ns}"{extra}}}'
+
+    def kv_tier(self, name: str) -> str:
+        """Selector of a snapshot GC sidecar metric (``gpupool_kv_tier_<name>``) of the flex
+        pods; the sidecar runs only with ``kv_cache.kv_preservation: filesystem``."""
+        return f'gpupool_kv_tier_{name}{{namespace="{self.flex_ns}"}}'
+
+    def by_volume(self) -> str:
+        """Labels of one snapshot volume: it belongs to a workload, every replica mounts it."""
+        return f"namespace, {self.m.workload_label}"
+
+    def vllm_start_time(self) -> str:
+        """Unix time the vLLM API server of each instance started: ``process_start_time_seconds``
+        of the very target that serves its ``vllm:`` series (``instance``), not of a sidecar
+        of the same pod; the youngest where an instance has several."""
+        on = ", ".join(dict.fromkeys([*self.m.instance_labels, "instance"]))
+        return (
+            f"max by ({self.by_instance}) "
+            f'(process_start_time_seconds{{namespace="{self.flex_ns}"}}'
+            f" and on ({on}) {self.vllm('prefix_cache_queries_total')})"
+        )
 
     def node_pool(self, pools: list[NodePool]) -> str:
         """``node`` -> ``pool`` of every node labelled with one of ``pools``."""
@@ -362,6 +391,7 @@ class _Builder:
     def catalogue(self) -> Catalogue:
         p, w, by = self.policy, self.window, self.by_instance
         all_pools = self.gpu_util_by_pool(p.node_pools)
+        from_tier = self.vllm("prompt_tokens_by_source_total", 'source="external_kv_transfer"')
         queries = [
             Query(
                 CLUSTER_GPU_UTILIZATION,
@@ -484,6 +514,43 @@ class _Builder:
                 "1 where a flex workload's HPA runs its maxReplicas (kube-state-metrics), else 0; "
                 "the tuner widens max_replicas only there.",
                 "bool",
+            ),
+            Query(
+                VLLM_START_TIME,
+                self.vllm_start_time(),
+                "Unix time each flex vLLM instance's API server process started "
+                "(process_start_time_seconds of the target serving its vllm: series); "
+                "KVCacheHitRateLow waits alerting.thresholds.kv_hit_rate.warmup after it. "
+                "Absent where vLLM exports no process metrics (several API server processes).",
+                "seconds",
+            ),
+            Query(
+                PROMPT_TOKENS_FROM_TIER,
+                f"sum by ({by}) (rate({from_tier}[{w}]))"
+                f" / (sum by ({by}) (rate({self.vllm('prompt_tokens_total')}[{w}])) > 0)",
+                "Share of each instance's prefill tokens loaded through the KV offloading "
+                "connector (its host-memory and snapshot-volume tiers) instead of computed or "
+                "found in the GPU prefix cache; absent where it had no prompt tokens.",
+                "ratio",
+            ),
+            Query(
+                KV_TIER_DELETIONS,
+                f"sum by ({self.by_volume()}, reason) "
+                f"(rate({self.kv_tier('deleted_files_total')}[{w}])) * 60",
+                "Files the snapshot GCs deleted from each workload's volume per minute, by "
+                "reason (abandoned_write, reclaimed, capacity); a file two GCs raced on counts "
+                "in both. Only with kv_preservation: filesystem.",
+                "per_minute",
+            ),
+            Query(
+                KV_TIER_FILL,
+                f"max by ({self.by_volume()}) ({self.kv_tier('used_bytes')}"
+                f" / ({self.kv_tier('capacity_bytes')} > 0))",
+                "Bytes on each workload's snapshot volume over the tier's capacity "
+                "(snapshot_volume.tier_capacity), as its GCs last scanned it (the fullest "
+                "view); capacity passes bring it back to 0.9. Only with kv_preservation: "
+                "filesystem.",
+                "ratio",
             ),
         ]
         return Catalogue(tuple(queries), tuple(self.sources()))

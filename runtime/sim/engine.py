@@ -11,7 +11,10 @@ Every ``step_s`` (the HPA's default 15 s sync period) the replay
 5. every ``metrics.evaluation_interval`` writes what dcgm-exporter and kube-state-metrics
    would report and evaluates the budget with the catalogue's semantics (``budget``);
 6. runs each flex HPA (``runtime.sim.hpa``, the controller's own algorithm) on the latest
-   recorded budget.
+   recorded budget;
+7. with a ``Tuning`` (``gpupool whatif --tuner``, ``runtime.sim.tuning``), hands it what the
+   exporters and the cluster showed at each evaluation (``LoopState``) and adopts the policy
+   it returns (a tuner proposal merged after review) from the next step on.
 
 The fixed-topology baseline (``replay_fixed``) serves the same demand on the same hardware
 with production keeping the most GPUs it ever holds in the trace and flex only on the rest.
@@ -21,9 +24,10 @@ Both are pure functions of their inputs: same inputs, same result.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -141,6 +145,23 @@ class Series:
         return np.asarray(getattr(self, name), dtype=np.float64)
 
 
+FIRST_MINUTE_S = 60.0
+"""How long after an eviction the requests served count towards ``AfterEvictions``."""
+
+
+@dataclass
+class AfterEvictions:
+    """Prefix tokens of the requests served in the steps that start within
+    ``FIRST_MINUTE_S`` of an eviction, summed over the evicted replicas: a step after two
+    evictions counts twice, so each eviction weighs by the tokens its own minute queried."""
+
+    evicted_replicas: int = 0
+    """Running replicas preempted (a pod preempted while starting held no cache)."""
+    query_tokens: int = 0
+    hit_tokens_with_tier: float = 0.0
+    hit_tokens_without_tier: float = 0.0
+
+
 @dataclass
 class FleetTotals:
     arrived: int = 0
@@ -149,8 +170,11 @@ class FleetTotals:
     output_tokens: int = 0
     prompt_tokens: int = 0
     hit_tokens: float = 0.0
+    hit_tokens_with_tier: float = 0.0
+    hit_tokens_without_tier: float = 0.0
     query_tokens: int = 0
     kv_tokens_lost: float = 0.0
+    after_evictions: AfterEvictions = field(default_factory=AfterEvictions)
 
     @property
     def outstanding(self) -> int:
@@ -173,6 +197,55 @@ Observer = Callable[[float, ExporterView], None]
 """Sees every exporter state the budget is evaluated on (tests compare it with PromQL)."""
 
 
+@dataclass(frozen=True)
+class FleetState:
+    """What one flex workload's vLLM instances and HPA showed at an evaluation."""
+
+    instances: tuple[str, ...]
+    """Pod names (as in the exporter view) of the running replicas: the vLLM targets."""
+    waiting: float
+    """Requests queued beyond the running batch, over the whole fleet."""
+    kv_usage: float
+    """KV-cache share each running replica uses (the fluid model keeps them equal)."""
+    hit_tokens: float
+    """Prefix-cache hit tokens served so far (requests with block hashes), cumulative."""
+    query_tokens: int
+    """Prompt tokens of requests with block hashes served so far, cumulative."""
+    hpa: str
+    """Name of the workload's HPA (the rendered manifest's)."""
+    current_replicas: int
+    """The Deployment's live pods (the HPA's ``status.currentReplicas``)."""
+    max_replicas: int
+    """The HPA's ``maxReplicas`` in this replay."""
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """The replay at one budget evaluation, as the tuner's sources would show it."""
+
+    at: float
+    policy: PoolPolicy
+    """The policy in force (its recording rules and HPAs are the cluster's)."""
+    view: ExporterView
+    evictions: tuple[tuple[float, str], ...]
+    """(time, raw reason) of every flex pod disrupted within ``metrics.rate_window``."""
+    fleets: Mapping[str, FleetState]
+
+
+@dataclass(frozen=True)
+class Retune:
+    """A policy to run from the next step on, and each workload's vLLM KV tokens under it."""
+
+    policy: PoolPolicy
+    kv_tokens: Mapping[str, int]
+
+
+class Tuning(Protocol):
+    """Sees the loop at every budget evaluation; may hand back a policy to adopt."""
+
+    def observe(self, state: LoopState) -> Retune | None: ...
+
+
 def replay_pooled(
     policy: PoolPolicy,
     layout: Layout,
@@ -183,9 +256,11 @@ def replay_pooled(
     prod_tokens_per_gpu_s: float,
     progress: Progress | None = None,
     observe: Observer | None = None,
+    tuning: Tuning | None = None,
 ) -> Replay:
-    """The policy's closed loop on ``layout`` (see the module docstring)."""
-    loop = _PooledLoop(policy, layout, trace, flex, settings, observe)
+    """The policy's closed loop on ``layout`` (see the module docstring); ``tuning`` may
+    change the policy during the replay (phase 7)."""
+    loop = _PooledLoop(policy, layout, trace, flex, settings, observe, tuning)
     steps = settings.steps
     for step in range(steps):
         loop.step(step)
@@ -261,6 +336,12 @@ def replay_fixed(
     return Replay("fixed", settings.step_s, series, totals, prod_tokens_per_gpu_s)
 
 
+def preserves_kv(policy: PoolPolicy) -> bool:
+    """Whether flex replicas keep their prefix cache across exits: only the filesystem tier
+    (the snapshot volume) outlives the pod; host memory does not."""
+    return policy.kv_cache.kv_preservation == "filesystem"
+
+
 def _fleet(policy: PoolPolicy, f: FlexInput) -> Fleet:
     return Fleet.admit(
         f.requests,
@@ -268,8 +349,7 @@ def _fleet(policy: PoolPolicy, f: FlexInput) -> Fleet:
         latencies=f.latencies,
         kv_tokens=f.kv_tokens,
         max_num_seqs=f.workload.max_num_seqs,
-        # Only the filesystem tier (the snapshot volume) outlives the pod; host memory does not.
-        preservation=policy.kv_cache.kv_preservation == "filesystem",
+        preservation=preserves_kv(policy),
         backlog_window=f.backlog_window,
     )
 
@@ -279,6 +359,8 @@ def _add(t: FleetTotals, result: StepResult) -> None:
     t.output_tokens += result.output_tokens
     t.prompt_tokens += result.prompt_tokens
     t.hit_tokens += result.hit_tokens
+    t.hit_tokens_with_tier += result.hit_tokens_with_tier
+    t.hit_tokens_without_tier += result.hit_tokens_without_tier
     t.query_tokens += result.query_tokens
 
 
@@ -306,9 +388,13 @@ class _PooledLoop:
         flex: list[FlexInput],
         settings: Settings,
         observe: Observer | None = None,
+        tuning: Tuning | None = None,
     ) -> None:
         self.policy, self.layout, self.trace, self.settings = policy, layout, trace, settings
         self.observe = observe
+        self.tuning = tuning
+        # (time, raw reason) of flex disruptions, kept for the tuner's eviction series.
+        self.flex_evictions: deque[tuple[float, str]] = deque()
         karpenter = settings.target == "karpenter"
         self.cluster = Cluster(
             nodes={
@@ -330,12 +416,11 @@ class _PooledLoop:
         self.workloads = {f.workload.name: f.workload for f in flex}
         self.fleets = {f.workload.name: _fleet(policy, f) for f in flex}
         self.totals = {name: FleetTotals() for name in self.fleets}
-        self.hpas = {
-            name: HpaSpec.from_manifest(
-                _with_max(autoscaler(policy, w, settings.hpa_tolerance), layout.max_replicas[name])
-            )
-            for name, w in self.workloads.items()
-        }
+        # Per workload: (end of its first minute, replicas) of each recent eviction.
+        self.evicted: dict[str, list[tuple[float, int]]] = {name: [] for name in self.fleets}
+        self.hpa_names: dict[str, str] = {}
+        self.hpas: dict[str, HpaSpec] = {}
+        self._autoscalers()
         self.hpa_state = {name: HpaState() for name in self.workloads}
         self.spec = {name: w.min_replicas for name, w in self.workloads.items()}
         self.budget: dict[str, float | None] = dict.fromkeys(self.workloads)
@@ -352,10 +437,7 @@ class _PooledLoop:
         self.identity = {g.owner: (g.namespace, g.pod_prefix) for g in self.groups} | {
             name: (policy.cluster.flex_namespace, name) for name in self.workloads
         }
-        self.eval_every = max(
-            1,
-            round(duration_seconds(policy.metrics.evaluation_interval) / settings.step_s),
-        )
+        self.eval_every = _every(policy, settings)
         self.prod_pools = (policy.prod_pool.name, *(p.name for p in policy.flex_pools))
         self.series = Series()
         for pool in layout.nodes:
@@ -375,14 +457,17 @@ class _PooledLoop:
             replicas = self._production_replicas(g, step, now, index)
             want += replicas * g.gpus_per_replica
             self._replicas(g.owner, replicas, now, self._production_pod(g, now, startup))
-        running = {name: self._running(name) for name in self.workloads}
         for name, w in self.workloads.items():
             self._replicas(name, self.spec[name], now, self._flex_pod(w, now))
+        # After the scale-downs (``_replicas`` accounts for those): only preemption is left.
+        running = {name: self._running(name) for name in self.workloads}
         evictions = c.schedule(now)
         for name in self.workloads:
             lost = running[name] - self._running(name)
             if lost > 0:
                 self.fleets[name].lose_replicas(lost, running[name], now)
+                self.totals[name].after_evictions.evicted_replicas += lost
+                self.evicted[name].append((now + FIRST_MINUTE_S, lost))
         served = 0.0
         for g in self.groups:
             gpus = self._running(g.owner) * g.gpus_per_replica
@@ -394,9 +479,11 @@ class _PooledLoop:
             result = fleet.serve(now, self.settings.step_s, self._running(name))
             self.flex_util[name] = result.busy
             _add(self.totals[name], result)
+            self._after_evictions(name, now, result)
             tokens += result.output_tokens
         util = self.prod_util | self.flex_util
         duty = _pool_duty(c, util)
+        view: ExporterView | None = None
         if step % self.eval_every == 0:
             view = _exporter_view(c, now, util, self.spec, self.identity, self.pod_states)
             if self.observe is not None:
@@ -427,6 +514,75 @@ class _PooledLoop:
         self.series.prod_busy.append(float(busy))
         self.series.prod_wait_max_s.append(max(waiting, default=0.0))
         self._record(now, want, len(waiting), served, duty, evictions, tokens, self_shed, over)
+        if self.tuning is None:
+            return
+        self.flex_evictions.extend((now, e.reason) for e in evictions if not e.pod.production)
+        if view is not None:
+            retune = self.tuning.observe(self._state(now, view))
+            if retune is not None:
+                self.adopt(retune)
+
+    def _state(self, now: float, view: ExporterView) -> LoopState:
+        """What the tuner's sources show now: the exporter view, the flex disruptions of the
+        rate window, and each fleet's vLLM and HPA figures."""
+        window = duration_seconds(self.policy.metrics.rate_window)
+        while self.flex_evictions and self.flex_evictions[0][0] <= now - window:
+            self.flex_evictions.popleft()
+        fleets = {}
+        for name, fleet in self.fleets.items():
+            running = sorted(p.uid for p in self.cluster.owned(name) if p.phase is Phase.RUNNING)
+            totals = self.totals[name]
+            fleets[name] = FleetState(
+                instances=tuple(_pod_name(self.identity[name][1], uid) for uid in running),
+                waiting=fleet.waiting if running else 0.0,
+                kv_usage=fleet.kv_usage if running else 0.0,
+                hit_tokens=totals.hit_tokens,
+                query_tokens=totals.query_tokens,
+                hpa=self.hpa_names[name],
+                current_replicas=len(self.cluster.owned(name)),
+                max_replicas=self.hpas[name].max_replicas,
+            )
+        return LoopState(now, self.policy, view, tuple(self.flex_evictions), fleets)
+
+    def adopt(self, retune: Retune) -> None:
+        """Run ``retune.policy`` from the next step, as after ``pulumi up`` of a merged
+        change: the budget's thresholds and reserves (read from ``self.policy`` at every
+        evaluation), the flex HPAs' specs (their stabilization history kept, as the
+        controller keeps it across an update), the fleets' KV tokens, the evaluation
+        interval and graceful shutdown. A Deployment rollout is not modelled: new
+        ``--kv-cache-memory-bytes`` apply to the running fleet at once. Production's own
+        workloads are no tuner lever and stay as the replay started."""
+        policy = retune.policy
+        if policy.production != self.policy.production:
+            raise ValueError("a retuned policy must keep the production workloads")
+        self.policy = policy
+        self.workloads = {w.name: w for w in policy.workloads if w.name in self.workloads}
+        self._autoscalers()
+        for name, fleet in self.fleets.items():
+            fleet.kv_tokens = retune.kv_tokens.get(name, fleet.kv_tokens)
+        self.eval_every = _every(policy, self.settings)
+        self.cluster.shutdown_s = policy.disruption.shutdown_budget_s
+        self.cluster.pdb_min_available = policy.disruption.pdb_min_available
+
+    def _autoscalers(self) -> None:
+        """Each flex workload's HPA as rendered from ``self.policy``, bounded by the layout
+        (which may raise a bound, never lower the policy's)."""
+        for name, w in self.workloads.items():
+            manifest = autoscaler(self.policy, w, self.settings.hpa_tolerance)
+            bound = max(self.layout.max_replicas[name], w.max_replicas)
+            self.hpas[name] = HpaSpec.from_manifest(_with_max(manifest, bound))
+            self.hpa_names[name] = str(manifest["metadata"]["name"])
+
+    def _after_evictions(self, name: str, now: float, result: StepResult) -> None:
+        """Count the step's prefix tokens once for every replica evicted in the last minute."""
+        recent = [(end, n) for end, n in self.evicted[name] if end > now]
+        self.evicted[name] = recent
+        weight = sum(n for _, n in recent)
+        if weight:
+            after = self.totals[name].after_evictions
+            after.query_tokens += weight * result.query_tokens
+            after.hit_tokens_with_tier += weight * result.hit_tokens_with_tier
+            after.hit_tokens_without_tier += weight * result.hit_tokens_without_tier
 
     def _production_replicas(self, g: ProductionGroup, step: int, now: float, index: int) -> int:
         """The group's ``spec.replicas`` this step: the rule's, the fixed count, or its HPA's
@@ -611,7 +767,7 @@ def _exporter_view(
             namespace, prefix = identity[pod.owner]
             state = PodState(
                 namespace,
-                f"{prefix}-sim-{pod.uid:05d}",
+                _pod_name(prefix, pod.uid),
                 pod.gpus,
                 "Pending" if pod.phase is Phase.PENDING else "Running",
                 node=None if pod.node is None else pod.node.name,
@@ -625,6 +781,17 @@ def _exporter_view(
     seen.clear()
     seen.update(live)
     return ExporterView(nodes, tuple(pods), dict(spec))
+
+
+def _pod_name(prefix: str, uid: int) -> str:
+    """``<deployment>-<pod-template-hash>-<suffix>``, as the ReplicaSet names pods."""
+    return f"{prefix}-sim-{uid:05d}"
+
+
+def _every(policy: PoolPolicy, settings: Settings) -> int:
+    """Loop steps between two evaluations of the recording rules."""
+    interval = duration_seconds(policy.metrics.evaluation_interval)
+    return max(1, round(interval / settings.step_s))
 
 
 def _with_max(hpa: dict[str, object], max_replicas: int) -> dict[str, object]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from runtime.sim.report import Summary
+from runtime.sim.report import KvTier, Summary
+from runtime.sim.tuning import ProposalRecord, Span, TunerRun
 from runtime.sim.whatif import Result
 
 MARKER = "<!-- gpupool-whatif -->"
@@ -53,6 +54,16 @@ def rows(pooled: Summary, fixed: Summary) -> list[Row]:
         ),
         ("KV hit rate", hit, hit_fixed),
         ("KV tokens lost to evictions", f(pooled.kv_tokens_lost, 0), f(fixed.kv_tokens_lost, 0)),
+        (
+            "KV hit rate, 1st minute after an eviction, with / without the snapshot tier",
+            _first_minute(pooled.kv_tier),
+            _first_minute(fixed.kv_tier),
+        ),
+        (
+            "prefill tokens the snapshot tier saves",
+            _saved(pooled.kv_tier),
+            _saved(fixed.kv_tier),
+        ),
         ("flex GPU duty cycle", f"{pooled.flex_duty_cycle:.0%}", f"{fixed.flex_duty_cycle:.0%}"),
         *(
             (f"allocated share, {pool}", f"{share:.0%}", "")
@@ -60,6 +71,111 @@ def rows(pooled: Summary, fixed: Summary) -> list[Row]:
         ),
         *((f"duty cycle, {pool}", f"{duty:.0%}", "") for pool, duty in pooled.duty_cycle.items()),
     ]
+
+
+def _first_minute(tier: KvTier) -> str:
+    if tier.note is not None:
+        return tier.note
+    kept, survived = tier.first_minute_hit_rate_with_tier, tier.first_minute_hit_rate_without_tier
+    return f"{kept:.1%} / {survived:.1%}"
+
+
+def _saved(tier: KvTier) -> str:
+    return "n/a" if tier.prefill_tokens_saved is None else f"{tier.prefill_tokens_saved:,.0f}"
+
+
+def tier_lines(summary: Summary) -> list[str]:
+    """What the KV snapshot tier buys in this replay, with the policy's mode stated."""
+    t = summary.kv_tier
+    served = "with the tier" if t.served_with_tier else "without the tier"
+    if t.note is None:
+        first = (
+            f"{t.first_minute_hit_rate_with_tier:.1%} with the snapshot tier, "
+            f"{t.first_minute_hit_rate_without_tier:.1%} without "
+            f"(evicted running flex replicas: {t.evicted_replicas:,}; prompt tokens queried "
+            f"in their first minutes: {t.first_minute_query_tokens:,})"
+        )
+    else:
+        first = f"n/a: {t.note}"
+    return [
+        f"KV snapshot tier: this policy has `kv_cache.kv_preservation: {t.kv_preservation}`, so "
+        f"the replay served {served}; with and without count the same served requests:",
+        f"- prefix hit rate in the first minute after an eviction: {first}",
+        "- prefill tokens the tier saves over the replay (recompute avoided after every "
+        f"replica exit): {_saved(t)}",
+        "- KV tokens lost with or without the tier (in-flight context of replicas that went "
+        f"away): {summary.kv_tokens_lost:,.0f}",
+    ]
+
+
+def clock(seconds: float) -> str:
+    """Simulated time as ``h:mm`` from the replay's start."""
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}:{minutes % 60:02d}"
+
+
+def change_text(p: ProposalRecord) -> str:
+    """The proposal's changes, ``field before -> after`` each."""
+    return "; ".join(f"{c.field} {c.before:g} -> {c.after:g}" for c in p.changes)
+
+
+def outcome_text(p: ProposalRecord) -> str:
+    """Merged, refused (and why) or still in review when the replay ended."""
+    if p.outcome == "applied" and p.decided_at_s is not None:
+        return f"merged at {clock(p.decided_at_s)}"
+    if p.outcome == "refused" and p.decided_at_s is not None:
+        return f"refused at {clock(p.decided_at_s)}: {p.refusal}"
+    return f"in review when the replay ended (due {clock(p.review_due_s)})"
+
+
+def effect_text(p: ProposalRecord) -> str:
+    """The replay's figures before and after a merged proposal ("" where it was not)."""
+    b, a = p.before, p.after
+    if b is None or a is None:
+        return ""
+
+    def pair(name: str, get: Callable[[Span], float], digits: int) -> str:
+        return f"{name} {get(b):,.{digits}f} -> {get(a):,.{digits}f}"
+
+    return (
+        f"{clock(b.start_s)}-{clock(b.end_s)} vs {clock(a.start_s)}-{clock(a.end_s)}: "
+        + ", ".join(
+            [
+                pair("flex evictions/min", lambda x: x.evictions_per_minute, 2),
+                pair(
+                    "production pod-minutes unmet per hour",
+                    lambda x: x.prod_unmet_pod_minutes_per_hour,
+                    1,
+                ),
+                pair("flex GPUs held", lambda x: x.flex_gpus_mean, 1),
+                pair("flex tokens/s", lambda x: x.flex_tokens_per_s, 0),
+            ]
+        )
+    )
+
+
+def tuner_lines(tuner: TunerRun | None) -> list[str]:
+    """The tuner's proposals in the pooled replay; nothing without ``--tuner``."""
+    if tuner is None:
+        return []
+    merged = sum(1 for p in tuner.proposals if p.outcome == "applied")
+    lines = [
+        f"Tuner in the loop: {tuner.cycles} cycles, one every {tuner.interval_s:g} s of "
+        f"simulated time; proposals merged {tuner.review_delay_s:g} s after they are made; "
+        f"{len(tuner.proposals)} proposal(s), {merged} merged; "
+        f"{tuner.compaction_requests} compaction request(s) (counted, not modelled).",
+    ]
+    for p in tuner.proposals:
+        lines.append(f"- {clock(p.proposed_at_s)} `{p.rule}`: {change_text(p)}; {outcome_text(p)}")
+        effect = effect_text(p)
+        if effect:
+            lines.append(f"  - {effect}")
+        lines.append(f"  - why: {p.why}")
+    if not tuner.proposals:
+        lines.append("- no proposal")
+    lines.append("The last cycle's rules that decided nothing:")
+    lines += [f"- {n}" for n in tuner.last_noops] or ["- none"]
+    return lines
 
 
 def check_lines(summary: Summary) -> list[str]:
@@ -114,6 +230,9 @@ def report(result: Result, *, plots: Sequence[str] = ()) -> str:
         "Product goals:",
         *goal_lines(result),
         "",
+        *tier_lines(p),
+        "",
+        *_section(tuner_lines(result.tuner)),
         *(f"![{name}]({name})" for name in plots),
         "",
         "Assumptions:",
@@ -122,6 +241,11 @@ def report(result: Result, *, plots: Sequence[str] = ()) -> str:
         _requests(p),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _section(lines: list[str]) -> list[str]:
+    """``lines`` and a blank line after them; nothing for no lines."""
+    return [*lines, ""] if lines else []
 
 
 def headline(result: Result) -> str:
@@ -194,6 +318,14 @@ def comparison(
         "Product goals (head):",
         *goal_lines(head),
         "",
+        "Base:",
+        *tier_lines(b),
+        "",
+        "Head:",
+        *tier_lines(h),
+        "",
+        *_section(["Base:", *tuner_lines(base.tuner)] if base.tuner else []),
+        *_section(["Head:", *tuner_lines(head.tuner)] if head.tuner else []),
         _requests(h),
         "",
         "</details>",

@@ -9,6 +9,7 @@ from typing import Literal
 
 from infra.builders.workload import HpaTolerance
 from policy import PoolPolicy
+from policy.base import duration_seconds
 from runtime.sim.engine import Settings
 from runtime.sim.production import ProductionRule, RuleMode
 from runtime.sim.traces import (
@@ -19,7 +20,9 @@ from runtime.sim.traces import (
     load_flex_trace,
     load_production_trace,
 )
-from runtime.sim.whatif import Demand, LayoutMode, WhatIf
+from runtime.sim.tuning import TunerConfig
+from runtime.sim.whatif import Demand, LayoutMode, WhatIf, WhatIfError
+from runtime.tuner.settings import load_settings
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,28 @@ class Options:
     startup_s: float
     target: Literal["labels", "karpenter"]
     hpa_tolerance: HpaTolerance = "cluster"
+    tuner: bool = False
+    """Run the tuner's decisions in the pooled loop (``--tuner``)."""
+    tuner_settings: str | None = None
+    """The tuner's settings file (``gpupool tune --settings``); None: its defaults."""
+    review_delay: str | None = None
+    """From a proposal to its merge, a duration (``30m``); None: one tuner interval."""
+
+
+def _tuner(options: Options) -> TunerConfig | None:
+    """The tuner's settings and review delay, read and checked before anything runs."""
+    if not options.tuner:
+        if options.tuner_settings is not None or options.review_delay is not None:
+            raise WhatIfError("--tuner-settings and --review-delay need --tuner")
+        return None
+    path = None if options.tuner_settings is None else Path(options.tuner_settings)
+    delay: float | None = None
+    if options.review_delay is not None:
+        try:
+            delay = duration_seconds(options.review_delay)
+        except ValueError as exc:
+            raise WhatIfError(f"--review-delay: {exc}") from None
+    return TunerConfig(load_settings(path), delay)
 
 
 def _production(spec: str | None, seed: int, peak: int) -> ProductionTrace:
@@ -61,7 +86,9 @@ def _split(value: str, default: str) -> tuple[str, str]:
 
 
 def build_whatif(options: Options, policy: PoolPolicy) -> WhatIf:
-    """Parse every trace before anything runs (bad input fails here, nothing written)."""
+    """Parse every trace and the tuner's settings before anything runs (bad input fails
+    here, nothing written)."""
+    tuner = _tuner(options)
     # Without workloads there is nothing to name; ``whatif.run`` refuses such a policy.
     first = policy.workloads[0].name if policy.workloads else ""
     production = _production(options.prod_trace, options.seed, policy.prod_pool.gpu_capacity)
@@ -91,7 +118,7 @@ def build_whatif(options: Options, policy: PoolPolicy) -> WhatIf:
         target=options.target,
         hpa_tolerance=options.hpa_tolerance,
     )
-    return WhatIf(production, demand, settings, options.layout, options.fit_production)
+    return WhatIf(production, demand, settings, options.layout, options.fit_production, tuner)
 
 
 DEMO = Options(

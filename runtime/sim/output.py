@@ -31,7 +31,9 @@ def write_text(path: Path, text: str) -> None:
 
 def as_json(result: Result) -> dict[str, object]:
     pooled, fixed = result.replays
+    tuner = {} if result.tuner is None else {"tuner": asdict(result.tuner)}
     return {
+        **tuner,
         "throughput_ratio": result.throughput_ratio,
         "production_to_flex": result.production_to_flex,
         "goals": [asdict(g) for g in result.goals],

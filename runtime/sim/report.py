@@ -11,7 +11,11 @@ Definitions (docs/whatif.md repeats them for readers of a report):
 - evictions per minute: flex pods disrupted by someone else, counted over the policy's rate
   window as the eviction alert counts them (mean and maximum over the replay);
 - KV hit rate: prefix-cache hit tokens per queried prompt token (traces with block hashes);
-- KV work lost: context tokens of in-flight sequences on replicas that went away.
+- KV work lost: context tokens of in-flight sequences on replicas that went away;
+- KV snapshot tier (``KvTier``): the prefix hit rate of the requests served in the first
+  minute after each eviction of a running flex replica, with the tier and without it, on the
+  same served requests whatever the policy's mode, and the prefill tokens the tier saves
+  over the replay.
 
 The product's goals (``goals``) are judged on the pooled replay and reported met or missed,
 never hidden: harvest efficiency >= 0.8, 0 production pod-minutes unmet, at most 5 flex
@@ -27,7 +31,7 @@ import numpy as np
 
 from policy.base import duration_seconds
 from policy.pool import PoolPolicy
-from runtime.sim.engine import Replay
+from runtime.sim.engine import Replay, preserves_kv
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,62 @@ class Requests:
     completed: int
     outstanding: int
     dropped: int
+
+
+@dataclass(frozen=True)
+class KvTier:
+    """What the KV snapshot tier buys in one replay, counted on the same served requests with
+    the tier and without it (``runtime.sim.serving``) whatever the policy's mode, so a policy
+    without the tier shows what turning it on would buy. ``note`` says why the first-minute
+    rates are absent (None where they are given)."""
+
+    kv_preservation: str
+    """The policy's ``kv_cache.kv_preservation``."""
+    served_with_tier: bool
+    """Whether the replay itself served with the tier (only ``filesystem`` outlives a pod)."""
+    evicted_replicas: int
+    """Running flex replicas preempted (the evictions the first-minute rates follow)."""
+    first_minute_query_tokens: int
+    """Prompt tokens (of requests with block hashes) served in those minutes, per eviction."""
+    first_minute_hit_rate_with_tier: float | None
+    first_minute_hit_rate_without_tier: float | None
+    prefill_tokens_saved: float | None
+    """Prefix hits with the tier minus without over the whole replay: prefill recompute the
+    tier avoids, after every replica exit (scale-downs too); None without block hashes."""
+    note: str | None
+
+
+def kv_tier(replay: Replay, policy: PoolPolicy) -> KvTier:
+    """The tier's figures of ``replay`` (token-weighted over all evictions and workloads)."""
+    totals = replay.fleets.values()
+    after = [t.after_evictions for t in totals]
+    evicted = sum(a.evicted_replicas for a in after)
+    queried = sum(a.query_tokens for a in after)
+    kept = sum(a.hit_tokens_with_tier for a in after)
+    survived = sum(a.hit_tokens_without_tier for a in after)
+    hashed = any(t.query_tokens for t in totals)
+    if not hashed:
+        note: str | None = "no served request has block hashes"
+    elif not evicted:
+        note = "no running flex replica evicted"
+    elif not kept:
+        note = "no prefix reuse after evictions"
+    else:
+        note = None
+    return KvTier(
+        kv_preservation=policy.kv_cache.kv_preservation,
+        served_with_tier=preserves_kv(policy),
+        evicted_replicas=evicted,
+        first_minute_query_tokens=queried,
+        first_minute_hit_rate_with_tier=None if note else kept / queried,
+        first_minute_hit_rate_without_tier=None if note else survived / queried,
+        prefill_tokens_saved=(
+            float(sum(t.hit_tokens_with_tier - t.hit_tokens_without_tier for t in totals))
+            if hashed
+            else None
+        ),
+        note=note,
+    )
 
 
 @dataclass(frozen=True)
@@ -60,6 +120,7 @@ class Summary:
     evictions_total: int
     kv_hit_rate: float | None
     kv_tokens_lost: float
+    kv_tier: KvTier
     allocation_share: dict[str, float]
     duty_cycle: dict[str, float]
     flex_duty_cycle: float
@@ -104,6 +165,7 @@ def summarize(replay: Replay, policy: PoolPolicy) -> Summary:
         evictions_total=int(evictions.sum()),
         kv_hit_rate=hits / queries if queries else None,
         kv_tokens_lost=float(sum(t.kv_tokens_lost for t in replay.fleets.values())),
+        kv_tier=kv_tier(replay, policy),
         allocation_share=_means(s.alloc_by_pool),
         duty_cycle=_means(s.util_by_pool),
         flex_duty_cycle=float(

@@ -16,6 +16,15 @@ evictions (each lost replica drops its share of the fleet's cache, unless KV pre
 keeps it on the snapshot volume). Requests longer than ``max_model_len`` are rejected by
 vLLM and counted as dropped. Nothing else is dropped: conservation is
 ``arrived == completed + outstanding + dropped``.
+
+What the snapshot tier buys is counted in the same replay: every served request's hits are
+tallied both with the tier (the cache survives evictions) and without it (the lost share
+goes), and the policy's mode decides which of the two the replay serves with. A second replay
+with the flag flipped would not answer the question: its extra (or missing) prefill time
+moves the closed loop (duty, budget, HPA), so its evictions fall elsewhere and no eviction of
+one run has a counterpart in the other. The tally is exact for the served schedule: the same
+requests, at the same times, with the same retention, under the other loss history; it does
+not follow the schedule change the other mode's prefill time would cause.
 """
 
 from __future__ import annotations
@@ -100,6 +109,9 @@ class StepResult:
     output_tokens: int = 0
     prompt_tokens: int = 0
     hit_tokens: float = 0.0
+    """Prefix hits as served (with the tier when the fleet preserves its KV, else without)."""
+    hit_tokens_with_tier: float = 0.0
+    hit_tokens_without_tier: float = 0.0
     query_tokens: int = 0
 
 
@@ -124,12 +136,20 @@ class Fleet:
     credit: float = 0.0
     """Replica-seconds already spent on the head of the queue."""
     lost_share: float = 0.0
-    """Cumulative share of the fleet's prefix cache lost to evictions (survival = e^-delta)."""
+    """Cumulative share of the fleet's prefix cache that replica exits drop without the
+    snapshot tier (survival = e^-delta); kept in both modes for the counterfactual."""
     kv_tokens_lost: float = 0.0
-    _loss_times: list[float] = field(default_factory=lambda: [0.0])
+    _loss_times: list[float] = field(default_factory=lambda: [-math.inf])
     _loss_values: list[float] = field(default_factory=lambda: [0.0])
+    """``lost_share`` after each replica exit, in time order (from 0 before the first)."""
     _retention_s: float = math.inf
     _in_flight: float = 0.0
+    waiting: float = 0.0
+    """Requests queued beyond the running batch after the last step (what each vLLM's
+    ``num_requests_waiting`` adds up to over the fleet)."""
+    kv_usage: float = 0.0
+    """Share of a replica's KV tokens the running batch held over the last step, on average
+    (vLLM's ``kv_cache_usage_perc``: unreferenced prefix-cache blocks count as free)."""
     _mean_context: float = 0.0
     _issued: int = 0
     _cold_prefill: Array = field(init=False)
@@ -202,7 +222,7 @@ class Fleet:
         # A backlog never runs dry: the fleet takes as much as its capacity allows.
         arrived = BOUNDLESS if self.requests.backlog else self.arrived(now + dt)
         if replicas <= 0 or arrived <= self.done:
-            self._in_flight = 0.0
+            self._in_flight = self.waiting = self.kv_usage = 0.0
             return StepResult(busy=0.0)
         r = self.requests
         head = self._index(self.done, min(arrived, self.done + CHUNK))
@@ -229,7 +249,11 @@ class Fleet:
             used = capacity
             self.credit = budget - spent
         result.busy = min(1.0, max(used, 0.0) / capacity)
+        # The batch's blocks for the share of the step the replicas served: the mean a scrape
+        # of vLLM's gauge sees.
+        self.kv_usage = min(1.0, result.busy * batch * mean_len / max(self.kv_tokens, 1))
         self._in_flight = min(float(arrived - self.done), replicas * batch)
+        self.waiting = max(0.0, self.arrived(now + dt) - self.done - self._in_flight)
         self._mean_context = context
         free_tokens = max(0.0, replicas * (self.kv_tokens - batch * mean_len))
         inserted = (result.prompt_tokens - result.hit_tokens) / dt
@@ -245,7 +269,8 @@ class Fleet:
         start = self.done
         while start < arrived:
             idx = self._index(start, min(arrived, start + CHUNK))
-            hits = self._hits(idx, now)
+            kept, survived = self._hits(idx, now)
+            hits = kept if self.preservation else survived
             cost = self._cold_prefill[idx]
             warm = hits > 0
             if warm.any():
@@ -260,6 +285,8 @@ class Fleet:
                 result.prompt_tokens += int(r.input_tokens[served].sum())
                 hashed = r.hashed[served]
                 result.hit_tokens += float(hits[:n][hashed].sum())
+                result.hit_tokens_with_tier += float(kept[:n][hashed].sum())
+                result.hit_tokens_without_tier += float(survived[:n][hashed].sum())
                 result.query_tokens += int(r.input_tokens[served][hashed].sum())
                 spent = float(total[n - 1])
             start += n
@@ -305,21 +332,27 @@ class Fleet:
         result.query_tokens += round(end[3] - base[3])
         return self.done + m, cost(m)
 
-    def _hits(self, idx: NDArray[np.int64], now: float) -> Array:
+    def _hits(self, idx: NDArray[np.int64], now: float) -> tuple[Array, Array]:
+        """Hit tokens of requests ``idx`` served at ``now``: with the snapshot tier (every
+        fresh prefix) and without it (the share that survived the exits since it was seen)."""
         r = self.requests
         prefix = r.prefix_tokens[idx].astype(np.float64)
         if not prefix.any():
-            return np.zeros(idx.size)
+            return prefix, prefix
         seen = np.nan_to_num(r.prefix_last_seen[idx], nan=-math.inf)
-        fresh = (prefix > 0) & ((now - seen) <= self._retention_s)
-        lost_then = np.interp(np.maximum(seen, 0.0), self._loss_times, self._loss_values)
-        return np.where(fresh, prefix * np.exp(lost_then - self.lost_share), 0.0)
+        kept = np.where((prefix > 0) & ((now - seen) <= self._retention_s), prefix, 0.0)
+        # lost_share just before ``seen``: an exit at ``seen`` itself still drops the blocks,
+        # as the request that arrived then was served in an earlier step.
+        before = np.searchsorted(self._loss_times, seen, side="left") - 1
+        lost_then = np.asarray(self._loss_values)[np.maximum(before, 0)]
+        return kept, kept * np.exp(lost_then - self.lost_share)
 
     def lose_replicas(self, lost: int, before: int, now: float) -> float:
         """``lost`` of ``before`` replicas exited: their in-flight work and cache share go.
 
         Returns the KV tokens lost (the context of in-flight sequences, to be recomputed).
-        With KV preservation the prefix cache survives on the snapshot volume.
+        With KV preservation the prefix cache survives on the snapshot volume; the loss is
+        recorded either way, for the hits without the tier (``_hits``).
         """
         if lost <= 0 or before <= 0:
             return 0.0
@@ -327,8 +360,7 @@ class Fleet:
         tokens = self._in_flight * share * self._mean_context
         self.credit *= 1 - share
         self.kv_tokens_lost += tokens
-        if not self.preservation:
-            self.lost_share += share
-            self._loss_times.append(now)
-            self._loss_values.append(self.lost_share)
+        self.lost_share += share
+        self._loss_times.append(now)
+        self._loss_values.append(self.lost_share)
         return tokens

@@ -31,7 +31,8 @@ from runtime.sim.report import Goal, Summary, goals, summarize
 from runtime.sim.service_time import ServiceModel, service_model
 from runtime.sim.serving import Requests
 from runtime.sim.traces import FlexTrace, ProductionTrace
-from runtime.vllm import load_model_spec, plan_kv_cache
+from runtime.sim.tuning import TunerConfig, TunerLoop, TunerRun
+from runtime.vllm import ModelSpec, load_model_spec, plan_kv_cache
 
 LayoutMode = Literal["policy", "trace"]
 
@@ -60,6 +61,9 @@ class WhatIf:
     layout: LayoutMode = "policy"
     fit_production: bool = False
     """Scale a production trace that outgrows the cluster down to fit (never silently)."""
+    tuner: TunerConfig | None = None
+    """Run the tuner's decisions in the pooled loop (``runtime.sim.tuning``); None: the
+    policy stays as given for the whole replay."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class Result:
     layout: Layout
     assumptions: tuple[str, ...]
     services: dict[str, str] = field(default_factory=dict)
+    tuner: TunerRun | None = None
+    """What the tuner proposed and merged in the pooled replay (``--tuner`` only)."""
 
     @property
     def throughput_ratio(self) -> float:
@@ -110,8 +116,10 @@ def run(
     horizon = settings.hours * 3600
     flex: list[FlexInput] = []
     services: dict[str, ServiceModel] = {}
+    models: dict[str, ModelSpec] = {}
     for w in policy.workloads:
         spec = load_model_spec(policy_dir / w.hf_config)
+        models[w.name] = spec
         plan = plan_kv_cache(policy, w, spec)
         pool = policy.pool_of(w)
         model = service_model(
@@ -128,8 +136,16 @@ def run(
         flex.append(FlexInput(w, requests, plan.max_concurrent_tokens, model, window))
     reference = flex[0]
     per_gpu = _production_tokens_per_gpu_s(reference, services[reference.workload.name])
+    tuner = None if whatif.tuner is None else TunerLoop(whatif.tuner, models)
     pooled = replay_pooled(
-        policy, layout, production, flex, settings, prod_tokens_per_gpu_s=per_gpu, progress=progress
+        policy,
+        layout,
+        production,
+        flex,
+        settings,
+        prod_tokens_per_gpu_s=per_gpu,
+        progress=progress,
+        tuning=tuner,
     )
     fixed = replay_fixed(policy, layout, production, flex, settings, prod_tokens_per_gpu_s=per_gpu)
     assumptions = (
@@ -148,6 +164,7 @@ def run(
             else ""
         ),
         "flex serving: fluid continuous-batching model (runtime/sim/serving.py)",
+        *([] if tuner is None else [_tuner_text(tuner)]),
     )
     return Result(
         summarize(pooled, policy),
@@ -156,6 +173,17 @@ def run(
         layout,
         assumptions,
         {n: m.source for n, m in services.items()},
+        None if tuner is None else tuner.run(pooled),
+    )
+
+
+def _tuner_text(tuner: TunerLoop) -> str:
+    s = tuner.settings
+    return (
+        f"tuner in the pooled loop: decisions.decide every {s.interval} on the last {s.window} "
+        f"of the replay's recorded series, proposals merged {tuner.delay_s:g} s after they are "
+        f"made (cooldown {s.cooldown}); the summary figures are of the policy as it evolved, "
+        "the fixed topology has no tuner"
     )
 
 

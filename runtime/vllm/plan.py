@@ -79,6 +79,7 @@ class KvCachePlan:
     max_model_len: int
     max_num_seqs: int
     prefix_caching: bool
+    prefix_caching_hash_algo: str
     shutdown_timeout_s: int
     kv_transfer_config: dict[str, Any] | None
     preservation_note: str
@@ -299,7 +300,18 @@ def plan_kv_cache(
             "replica (tensor parallel), a larger GPU, or a shorter max_model_len",
             "max_model_len",
         )
-    transfer, note = _preservation(policy, workload, rule)
+    identity = {
+        "model": workload.model,
+        "architecture": model.architecture,
+        "weights_dtype": model.dtype,
+        "kv_dtype": kv_dtype,
+        "block_size": block_size,
+        "attention_backend": rule.vllm_name,
+        "tensor_parallel": tp,
+        "prefix_caching_hash_algo": kv.prefix_caching_hash_algo,
+        "python_hash_seed": kv.python_hash_seed,
+    }
+    transfer, note = _preservation(policy, workload, rule, identity)
     return KvCachePlan(
         model_path=workload.model,
         port=workload.port,
@@ -321,6 +333,7 @@ def plan_kv_cache(
         max_model_len=workload.max_model_len,
         max_num_seqs=workload.max_num_seqs,
         prefix_caching=kv.prefix_caching,
+        prefix_caching_hash_algo=kv.prefix_caching_hash_algo,
         shutdown_timeout_s=policy.disruption.drain_s,
         kv_transfer_config=transfer,
         preservation_note=note,
@@ -345,8 +358,10 @@ def render_args(plan: KvCachePlan) -> list[str]:
     ]
     if plan.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", plan.gpu_memory_utilization]
+    args += ["--enable-prefix-caching"] if plan.prefix_caching else ["--no-enable-prefix-caching"]
+    if plan.prefix_caching:
+        args += ["--prefix-caching-hash-algo", plan.prefix_caching_hash_algo]
     args += [
-        "--enable-prefix-caching" if plan.prefix_caching else "--no-enable-prefix-caching",
         "--kv-cache-dtype",
         plan.kv_dtype_flag,
         "--max-num-seqs",
@@ -403,9 +418,11 @@ def _sharding_problem(model: ModelSpec, tp: int) -> str | None:
 
 
 def _preservation(
-    policy: PoolPolicy, workload: FlexWorkload, rule: BlockRule
+    policy: PoolPolicy, workload: FlexWorkload, rule: BlockRule, identity: dict[str, Any]
 ) -> tuple[dict[str, Any] | None, str]:
-    """vLLM's OffloadingConnector config that keeps KV across eviction (see docs/vllm.md)."""
+    """vLLM's OffloadingConnector config that keeps KV across eviction (docs/preservation.md):
+    with ``filesystem``, gpupool's ``SnapshotTier`` (vLLM's filesystem tier
+    under a root keyed by ``identity``, flushed within ``disruption.snapshot_s``)."""
     mode = policy.kv_cache.kv_preservation
     if mode == "off":
         return None, "kv_cache.kv_preservation is off"
@@ -431,11 +448,21 @@ def _preservation(
     root = workload.snapshot_volume.mount_path
     extra |= {
         "spec_name": "TieringOffloadingSpec",
-        "secondary_tiers": [{"type": "fs", "root_dir": root}],
+        "secondary_tiers": [
+            {
+                "type": SNAPSHOT_TIER,
+                "module_path": SNAPSHOT_TIER_MODULE,
+                "root_dir": root,
+                "identity": identity,
+                "flush_budget_s": policy.disruption.snapshot_s,
+            }
+        ],
     }
     return _connector(extra), (
         f"OffloadingConnector + TieringOffloadingSpec: {policy.kv_cache.offload_host_gib:g} GiB "
-        f"host tier, files under {root} (snapshot PVC) so a rescheduled replica finds its KV"
+        f"host tier, then gpupool's SnapshotTier: files under {root}/gpupool-kv-<identity> "
+        "(snapshot PVC) so a rescheduled replica finds its KV, flushed within "
+        f"disruption.snapshot_s ({policy.disruption.snapshot_s} s) at shutdown"
     )
 
 
@@ -446,6 +473,11 @@ def _connector(extra: dict[str, Any]) -> dict[str, Any]:
         "kv_connector_extra_config": extra,
     }
 
+
+SNAPSHOT_TIER = "SnapshotTier"
+SNAPSHOT_TIER_MODULE = "runtime.kvcache.preservation.tier"
+"""vLLM imports the out-of-tree tier ``SNAPSHOT_TIER`` from this module (tiering/factory.py);
+the pod carries gpupool on ``PYTHONPATH`` (infra.builders.compaction_sidecar.plugin_installer)."""
 
 PIECEWISE_CUDA_GRAPHS = {"cudagraph_mode": "PIECEWISE"}
 """vLLM compilation config that keeps the KV buffer out of captured CUDA graphs."""

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from alerts.bundle import alert_names, all_groups
 from alerts.dashboard import dashboard
+from alerts.kv_snapshots import thrashing_window
 from alerts.manifests import monitoring_objects
 from alerts.render import bundle_files, render
 from infra.render import adapter_documents
@@ -64,10 +65,51 @@ def test_thresholds_and_for_come_from_the_policy(test_policy: PoolPolicy) -> Non
     assert (
         "limit 7.5 per minute for 3m" in after["FlexEvictionRateHigh"]["annotations"]["description"]
     )
-    assert after["KVCacheHitRateLow"]["expr"].endswith("< 0.6")
+    assert after["KVCacheHitRateLow"]["expr"].startswith(f"({KV_CACHE_HIT_RATE} < 0.6) unless")
     assert after["KVCacheHitRateLow"]["for"] == "45m"
     assert "minimum 60% for 45m" in after["KVCacheHitRateLow"]["annotations"]["description"]
     assert after["GPUMemoryPressure"]["expr"].endswith("> 0.9")
+
+
+def test_snapshot_tier_knobs_come_from_the_policy(test_policy: PoolPolicy) -> None:
+    changed = _with(
+        test_policy,
+        {
+            "kv_hit_rate": {"warmup": "25m"},
+            "kv_tier_thrashing": {"quantile": 0.9, "evicted_age_below": "1h", "for": "2h"},
+            "kv_snapshot_gc_stalled": {"missed_passes": 3, "lookback": "2h"},
+            "kv_snapshot_gc_errors": {"severity": "critical"},
+            "kv_snapshot_flush_dropped": {"max_dropped_share": 0.25, "window": "3h"},
+        },
+    )
+    before, after = _alerts(test_policy), _alerts(changed)
+    assert before["KVCacheHitRateLow"]["expr"].endswith("< 600.0)")
+    assert after["KVCacheHitRateLow"]["expr"].endswith("< 1500.0)")
+    assert "after a 25m warm-up" in after["KVCacheHitRateLow"]["annotations"]["description"]
+    thrash = after["KVSnapshotTierThrashing"]
+    assert thrash["expr"].startswith("histogram_quantile(0.9, ")
+    assert thrash["expr"].endswith("< 3600.0")
+    assert thrash["for"] == "2h"
+    assert "90th percentile" in thrash["annotations"]["description"]
+    assert "median" in before["KVSnapshotTierThrashing"]["annotations"]["description"]
+    stalled = after["KVSnapshotGCStalled"]["expr"]
+    assert stalled.endswith("> 180.0") and "[2h]" in stalled  # 3 x snapshot_gc_interval 1m
+    assert after["KVSnapshotGCErrors"]["labels"]["severity"] == "critical"
+    flush = after["KVSnapshotFlushDropped"]
+    assert flush["expr"].endswith("> 0.25") and flush["expr"].count("[3h]") == 2
+    assert "limit 25% for 5m" in flush["annotations"]["description"]
+
+
+def test_thrashing_window_holds_several_gc_passes(test_policy: PoolPolicy) -> None:
+    """The quantile's window is rate_window, or three GC intervals where those are longer, so
+    a slow GC's passes never leave a window empty (which would reset the alert's for:)."""
+    document = test_policy.model_dump(by_alias=True, mode="json")
+    assert thrashing_window(test_policy) == "5m"
+    document["kv_cache"]["snapshot_gc_interval"] = "10m"
+    slow = parse_policy(document)
+    assert thrashing_window(slow) == "1800s"
+    assert "[1800s]" in _alerts(slow)["KVSnapshotTierThrashing"]["expr"]
+    assert "over 1800s" in _alerts(slow)["KVSnapshotTierThrashing"]["annotations"]["description"]
 
 
 def test_every_alert_has_for_severity_and_annotations(test_policy: PoolPolicy) -> None:
@@ -153,7 +195,7 @@ def test_monitoring_objects_are_valid_kubernetes(test_policy: PoolPolicy) -> Non
     exprs = {
         t["expr"]
         for p in json.loads(dashboard["data"]["gpupool.json"])["panels"]
-        for t in p["targets"]
+        for t in p.get("targets", [])
     }
     assert FLEX_GPU_BUDGET in exprs
     assert {q.record for q in build_catalogue(test_policy)} & exprs >= {

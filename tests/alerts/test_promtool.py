@@ -63,6 +63,10 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test(test_policy: PoolPolicy)
         "GPUExporterDown",
         "GPUsNotReporting",
         "GPUPodAttributionMissing",
+        "KVSnapshotTierThrashing",
+        "KVSnapshotGCStalled",
+        "KVSnapshotGCErrors",
+        "KVSnapshotFlushDropped",
     }
     assert names - fires == set(), "alerts without a firing unit test"
     assert names - quiet == set(), "alerts without a quiet unit test"

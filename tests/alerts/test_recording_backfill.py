@@ -53,6 +53,9 @@ Series = dict[str, Value]
 """Series text (name + labels) -> its values."""
 
 PHASES = ("grow", "hold", "shed", "short")
+VLLM_A = 'instance="10.0.0.1:8000"'
+GC_A = 'instance="10.0.0.1:9400"'
+"""Scrape targets of pod a: vLLM, and its sidecar (another process, another start time)."""
 
 
 def during(*phases: str, value: float = 1.0) -> Value:
@@ -198,8 +201,52 @@ def scenario() -> dict[tuple[str, str], Series]:
             f'vllm:kv_cache_usage_perc{{{ns_llm},pod="a",engine="1"}}': lambda t: 0.6,
         },
         ("vllm:prefix_cache_queries", "counter"): {
-            f'vllm:prefix_cache_queries_total{{{ns_llm},pod="a",engine="0"}}': lambda t: 20.0 * t,
+            f'vllm:prefix_cache_queries_total{{{ns_llm},pod="a",engine="0",{VLLM_A}}}': lambda t: (
+                20.0 * t
+            ),
             f'vllm:prefix_cache_queries_total{{{ns_llm},pod="idle",engine="0"}}': lambda t: 0,
+        },
+        # a's vLLM started an hour before the data; the sidecar on the same pod (another
+        # target) later, which must not count.
+        ("process_start_time_seconds", "gauge"): {
+            f'process_start_time_seconds{{{ns_llm},pod="a",{VLLM_A}}}': lambda t: T0 - 3600,
+            f'process_start_time_seconds{{{ns_llm},pod="a",{GC_A}}}': lambda t: T0 + 100,
+        },
+        ("vllm:prompt_tokens", "counter"): {
+            f'vllm:prompt_tokens_total{{{ns_llm},pod="a",engine="0"}}': lambda t: 10.0 * t,
+            f'vllm:prompt_tokens_total{{{ns_llm},pod="idle",engine="0"}}': lambda t: 0,
+        },
+        ("vllm:prompt_tokens_by_source", "counter"): {
+            f'vllm:prompt_tokens_by_source_total{{{ns_llm},pod="a",engine="0",source="{s}"}}': (
+                lambda t, r=r: r * t
+            )
+            for s, r in (("external_kv_transfer", 4.0), ("local_cache_hit", 5.0))
+        }
+        | {
+            f'vllm:prompt_tokens_by_source_total{{{ns_llm},pod="idle",engine="0",'
+            'source="external_kv_transfer"}': lambda t: 0
+        },
+        # GCs a and b on llm's volume: capacity 0.5 + 0.25 files/s, b 0.05 abandoned writes/s.
+        ("gpupool_kv_tier_deleted_files", "counter"): {
+            f'gpupool_kv_tier_deleted_files_total{{{ns_llm},pod="{pod}",reason="{r}"}}': (
+                lambda t, rate=rate: rate * t
+            )
+            for pod, r, rate in (
+                ("a", "capacity", 0.5),
+                ("a", "reclaimed", 0.0),
+                ("a", "abandoned_write", 0.0),
+                ("b", "capacity", 0.25),
+                ("b", "reclaimed", 0.0),
+                ("b", "abandoned_write", 0.05),
+            )
+        },
+        ("gpupool_kv_tier_used_bytes", "gauge"): {
+            f'gpupool_kv_tier_used_bytes{{{ns_llm},pod="a"}}': lambda t: 900,
+            f'gpupool_kv_tier_used_bytes{{{ns_llm},pod="b"}}': by_phase(950, 950, 1100, 950),
+        },
+        ("gpupool_kv_tier_capacity_bytes", "gauge"): {
+            f'gpupool_kv_tier_capacity_bytes{{{ns_llm},pod="{pod}"}}': lambda t: 1000
+            for pod in ("a", "b")
         },
         ("vllm:prefix_cache_hits", "counter"): {
             f'vllm:prefix_cache_hits_total{{{ns_llm},pod="a",engine="0"}}': lambda t: 15.0 * t,
@@ -367,6 +414,27 @@ def test_vllm_queries(backfilled: Server, catalogue: c.Catalogue) -> None:
     assert values(backfilled, q(c.VLLM_QUEUE_DEPTH), GROW) == {
         "namespace=gpupool-flex,workload=llm": 7
     }
+
+
+DELETIONS = {"capacity": 45.0, "abandoned_write": 3.0, "reclaimed": 0.0}
+"""Files per minute on llm's volume: (0.5 + 0.25) x 60 capacity, 0.05 x 60 abandoned."""
+
+
+@pytest.mark.slow
+def test_warmup_and_snapshot_tier_queries(backfilled: Server, catalogue: c.Catalogue) -> None:
+    q, pod_a = catalogue.query, "namespace=gpupool-flex,pod=a,workload=llm"
+    # vLLM's own start, not the sidecar's (T0 + 100); idle exports none.
+    assert values(backfilled, q(c.VLLM_START_TIME), GROW) == {pod_a: T0 - 3600}
+    share = values(backfilled, q(c.PROMPT_TOKENS_FROM_TIER), GROW)
+    assert share.keys() == {pod_a}, "no prompt tokens, no share"
+    assert share[pod_a] == pytest.approx(0.4, rel=1e-12)
+    llm = "namespace=gpupool-flex,workload=llm"
+    assert values(backfilled, q(c.KV_TIER_DELETIONS), GROW) == pytest.approx(
+        {f"namespace=gpupool-flex,reason={r},workload=llm": v for r, v in DELETIONS.items()},
+        rel=1e-12,
+    )
+    assert values(backfilled, q(c.KV_TIER_FILL), GROW) == {llm: 0.95}
+    assert values(backfilled, q(c.KV_TIER_FILL), SHED) == {llm: 1.1}
 
 
 @pytest.mark.slow

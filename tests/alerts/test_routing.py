@@ -28,6 +28,10 @@ EXPECTED = {
     "GPUExporterDown": "platform",
     "GPUsNotReporting": "platform",
     "GPUPodAttributionMissing": "platform",
+    "KVSnapshotTierThrashing": "platform",
+    "KVSnapshotGCStalled": "platform",
+    "KVSnapshotGCErrors": "platform",
+    "KVSnapshotFlushDropped": "platform",
 }
 
 

@@ -49,6 +49,8 @@ def test_flex_deployment_scheduling_and_shutdown() -> None:
             "disruption.termination_grace_s": 120,
             "disruption.prestop_delay_s": 7,
             "workloads.0.snapshot_volume.mount_path": "/kv",
+            "kv_cache.kv_preservation": "filesystem",
+            "workloads.0.kv_compaction": False,
         }
     )
     objs = _bundle(policy)

@@ -143,7 +143,7 @@ def policies(draw: st.DrawFn) -> Any:
                 "startup_timeout_s": draw(st.integers(60, 7200)),
                 "resources": {"cpu": draw(quantity), "memory": draw(quantity)},
                 "snapshot_volume": {
-                    "size": draw(quantity),
+                    "size": f"{draw(st.integers(1, 4096))}Gi",
                     "storage_class": draw(dns),
                     "mount_path": draw(st.sampled_from(["/kv", "/var/lib/gpupool/kv-snapshots"])),
                 },

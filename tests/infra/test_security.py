@@ -44,6 +44,8 @@ POLICIES: dict[str, Callable[[], PoolPolicy]] = {
             "network": {"flex_client_namespaces": ["gateway"], "alertmanager_namespace": "alerts"},
             "workloads.0.hf_token_secret": "hf-token",
             "workloads.0.model_cache": {"size": "300Gi", "storage_class": "standard-rwx"},
+            "kv_cache.kv_preservation": "filesystem",  # the snapshot claim, GC and tier
+            "workloads.0.kv_compaction": False,
         }
     ),
 }
@@ -135,7 +137,7 @@ def test_the_hugging_face_token_is_a_file_huggingface_hub_reads(tmp_path: Path) 
     policy = POLICIES["hardened"]()
     pod = _pods(_bundle(policy))["llama-8b-flex"]["spec"]
     (vllm,) = [c for c in pod["containers"] if c["name"] == "vllm"]
-    env = {e["name"]: e["value"] for e in vllm["env"]}
+    env = {e["name"]: e.get("value") for e in vllm["env"]}
     (volume,) = [v for v in pod["volumes"] if v["name"] == "hf-token"]
     assert volume["secret"]["secretName"] == "hf-token"
     (mount,) = [m for m in vllm["volumeMounts"] if m["name"] == "hf-token"]
@@ -226,6 +228,7 @@ def test_every_open_port_admits_only_its_clients(policy: PoolPolicy) -> None:
         assert np["spec"]["policyTypes"] == ["Ingress"]
         rules = {r["ports"][0]["port"]: r for r in np["spec"]["ingress"]}
         ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        compacts = any(c["name"] == "kv-compaction" for c in pod["spec"]["containers"])
         assert set(rules) == ports, name  # every listening port has exactly its rule
         for port, rule in rules.items():
             allowed = {
@@ -233,7 +236,9 @@ def test_every_open_port_admits_only_its_clients(policy: PoolPolicy) -> None:
                 + [(ns, {}) for ns in policy.network.flex_client_namespaces]
                 if name != "gpupool-tuner"
                 else [prometheus, alertmanager],
-                "kv-metrics": [prometheus, (policy.cluster.system_namespace, tuner_pod)],
+                # the tuner posts compaction requests; a snapshot GC serves Prometheus only
+                "kv-metrics": [prometheus]
+                + [(policy.cluster.system_namespace, tuner_pod)] * compacts,
             }[port]
             for ns, labels in allowed:
                 assert _admits(rule, ns, labels, namespace), (name, port, ns)
@@ -243,6 +248,8 @@ def test_every_open_port_admits_only_its_clients(policy: PoolPolicy) -> None:
             if name == "gpupool-tuner" or port == "kv-metrics":
                 # not even a pod of the same namespace: only the named clients
                 assert not _admits(rule, namespace, {"app": "other"}, namespace), (name, port)
+            if port == "kv-metrics" and not compacts:
+                assert not _admits(rule, policy.cluster.system_namespace, tuner_pod, namespace)
 
 
 def test_images_may_be_pinned_by_digest_and_tags_warn() -> None:

@@ -241,13 +241,21 @@ CASES: list[tuple[str, Edit, str, list[str]]] = [
     ),
     (
         "snapshot-mounted-over-the-cache",
-        _set(workloads__0__snapshot_volume__mount_path="/var/lib/gpupool/cache"),
+        _set(
+            workloads__0__snapshot_volume__mount_path="/var/lib/gpupool/cache",
+            kv_cache__kv_preservation="filesystem",
+            workloads__0__kv_compaction=False,
+        ),
         "workloads.0.snapshot_volume.mount_path",
         ["mounts twice at /var/lib/gpupool/cache", "expected a path no other mount"],
     ),
     (
         "snapshot-mounted-over-tmp",
-        _set(workloads__0__snapshot_volume__mount_path="/tmp"),
+        _set(
+            workloads__0__snapshot_volume__mount_path="/tmp",
+            kv_cache__kv_preservation="filesystem",
+            workloads__0__kv_compaction=False,
+        ),
         "workloads.0.snapshot_volume.mount_path",
         ["mounts twice at /tmp", "expected a path no other mount"],
     ),
@@ -268,6 +276,38 @@ CASES: list[tuple[str, Edit, str, list[str]]] = [
         _set(kv_cache__kv_preservation="filesystem"),
         "workloads.0.kv_compaction",
         ["OffloadingConnector", "expected kv_compaction: false or kv_preservation: off"],
+    ),
+    (
+        "restored-blocks-hashed-with-a-random-seed",
+        _set(
+            kv_cache__kv_preservation="filesystem",
+            workloads__0__kv_compaction=False,
+            kv_cache__prefix_caching_hash_algo="xxhash",
+        ),
+        "kv_cache.prefix_caching_hash_algo",
+        ["seeds xxhash block hashes at random", "expected prefix_caching_hash_algo sha256"],
+    ),
+    (
+        "snapshot-volume-one-node-many-replicas",
+        _set(
+            kv_cache__kv_preservation="filesystem",
+            workloads__0__kv_compaction=False,
+            workloads__0__snapshot_volume__access_mode="ReadWriteOnce",
+        ),
+        "workloads.0.snapshot_volume.access_mode",
+        ["Multi-Attach", "expected ReadWriteMany", "or max_replicas: 1"],
+    ),
+    (
+        "tier-capacity-beyond-the-volume",
+        _set(workloads__0__snapshot_volume__tier_capacity="300Gi"),
+        "workloads.0.snapshot_volume.tier_capacity",
+        ["at most size (200Gi"],
+    ),
+    (
+        "tier-capacity-not-a-share",
+        _set(workloads__0__snapshot_volume__tier_capacity="120%"),
+        "workloads.0.snapshot_volume.tier_capacity",
+        ["expected a percentage in (0, 100]"],
     ),
 ]
 

@@ -6,7 +6,6 @@ import gzip
 import json
 import math
 import pickle
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,10 +56,7 @@ def _reuse_share(trace: FlexTrace) -> float:
 
 @pytest.mark.parametrize("source", _sources(ALIBABA, bundled("alibaba")))
 def test_alibaba_duty_cycle(source: Path) -> None:
-    started = time.perf_counter()
     trace = load_production_trace(source)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 1.5
     assert trace.source.startswith("pod_gpu_duty_cycle_half_a.csv")
     assert trace.held.size == 1441
     assert trace.step_s == 57.0
@@ -508,15 +504,12 @@ def test_tiled_rate_scale_compresses_time(mooncake: FlexTrace) -> None:
         mooncake.tiled(-1)
 
 
-def test_tiled_day_is_fast(mooncake: FlexTrace) -> None:
-    timings = []
-    for _ in range(3):
-        started = time.perf_counter()
-        day = mooncake.tiled(86_400, rate_scale=1.5)
-        timings.append(time.perf_counter() - started)
+def test_tiled_day_covers_the_day(mooncake: FlexTrace) -> None:
+    """(Its cost is measured by bench/whatif.py, not asserted here.)"""
+    day = mooncake.tiled(86_400, rate_scale=1.5)
     assert day.arrival_s.size > 500_000
     assert day.arrival_s[-1] < 86_400
-    assert min(timings) < 0.1
+    assert (np.diff(day.arrival_s) >= 0).all()
 
 
 def test_tiled_single_request_trace() -> None:

@@ -45,8 +45,15 @@ def test_whatif_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads((out / "r.json").read_text())
     assert data["pooled"]["hours"] == 1.0 and data["throughput_ratio"] > 0
+    assert "tuner" not in data  # only with --tuner
     text = (out / "r.md").read_text()
+    assert "Tuner in the loop" not in text and "Tuner in the loop" not in result.output
     assert "useful tokens/s" in text and "aiconfigurator-core" in text
+    tier = data["pooled"]["kv_tier"]
+    assert (tier["kv_preservation"], tier["served_with_tier"]) == ("off", False)
+    assert "KV snapshot tier: this policy has `kv_cache.kv_preservation: off`" in text
+    (first,) = [line for line in text.splitlines() if "first minute after an eviction" in line]
+    assert ("with the snapshot tier" in first) != ("n/a: " in first)
     assert {p.name for p in out.glob("*.png")} == {"gpus.png", "utilization.png", "evictions.png"}
 
 
@@ -80,6 +87,7 @@ def test_base_and_head_refs_give_one_pr_comment(tmp_path: Path) -> None:
     text = comment.read_text()
     assert text.startswith(MARKER) and "`HEAD~1` -> `HEAD`" in text
     assert "harvested GPU-h" in text and len(text) < 65_000
+    assert text.count("KV snapshot tier: this policy has") == 2  # base and head
 
 
 @pytest.mark.parametrize(

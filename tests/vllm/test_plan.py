@@ -151,9 +151,28 @@ def test_serve_args(policy: PoolPolicy, workload: FlexWorkload) -> None:
         "kv_connector_extra_config": {
             "spec_name": "TieringOffloadingSpec",
             "cpu_bytes_to_use": 16 * 2**30,
-            "secondary_tiers": [{"type": "fs", "root_dir": workload.snapshot_volume.mount_path}],
+            "secondary_tiers": [
+                {
+                    "type": "SnapshotTier",
+                    "module_path": "runtime.kvcache.preservation.tier",
+                    "root_dir": workload.snapshot_volume.mount_path,
+                    "flush_budget_s": policy.disruption.snapshot_s,
+                    "identity": {
+                        "model": workload.model,
+                        "architecture": "LlamaForCausalLM",
+                        "weights_dtype": "bfloat16",
+                        "kv_dtype": "bfloat16",
+                        "block_size": 16,
+                        "attention_backend": "FLASH_ATTN",
+                        "tensor_parallel": 1,
+                        "prefix_caching_hash_algo": "sha256",
+                        "python_hash_seed": None,
+                    },
+                }
+            ],
         },
     }
+    assert flags["--prefix-caching-hash-algo"] == "sha256"
 
 
 def test_policy_switches_change_the_args(policy: PoolPolicy, workload: FlexWorkload) -> None:

@@ -72,6 +72,7 @@ def test_kv_transfer_config_keys_are_the_ones_vllm_reads(
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+    from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
     # The default compacts and so preserves nothing; preservation needs compaction off.
     kv = policy.kv_cache.model_copy(update={"kv_preservation": "filesystem"})
@@ -86,9 +87,11 @@ def test_kv_transfer_config_keys_are_the_ones_vllm_reads(
     assert spec.__name__ == "TieringOffloadingSpec"
     (tier,) = extra["secondary_tiers"]
     tier_cls = SecondaryTierFactory.get_tier_class(tier)
-    assert tier_cls.__name__ == "FileSystemTierManager"
+    assert tier_cls.__name__ == "SnapshotTier"
+    assert issubclass(tier_cls, FileSystemTierManager)  # vLLM's tier, keyed and bounded
     parameters = inspect.signature(tier_cls.__init__).parameters
-    assert set(tier) - {"type"} <= set(parameters)  # root_dir is a constructor argument
+    # The factory pops type and module_path and passes the rest as constructor arguments.
+    assert set(tier) - {"type", "module_path"} <= set(parameters)
     assert tier["root_dir"] == workload.snapshot_volume.mount_path
     cpu_spec = (VLLM_ROOT / "v1/kv_offload/cpu/spec.py").read_text()
     assert 'extra_config.get("cpu_bytes_to_use")' in cpu_spec

@@ -1,0 +1,133 @@
+"""``gpupool kv-snapshots``: the snapshot GC loop of a flex pod, and a look at the volume."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from policy import DEFAULT_POLICY
+from runtime.cli.errors import UsageProblem, reported_errors
+
+log = logging.getLogger(__name__)
+
+snapshot_app = typer.Typer(
+    name="kv-snapshots",
+    help="The KV snapshot tier on a flex workload's volume: the GC, and what is on it.",
+    no_args_is_help=True,
+)
+
+RootOpt = Annotated[Path, typer.Option("--root", help="Mount path of the snapshot volume.")]
+PolicyOpt = Annotated[Path, typer.Option("--policy", help="Policy file with the tier bounds.")]
+CapacityOpt = Annotated[
+    int,
+    typer.Option(
+        "--capacity-bytes",
+        help="Most bytes the tier may hold (the workload's snapshot_volume.tier_capacity).",
+    ),
+]
+
+
+@snapshot_app.command()
+def gc(
+    root: RootOpt,
+    capacity_bytes: CapacityOpt,
+    policy: PolicyOpt = DEFAULT_POLICY,
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT of /metrics.")
+    ] = "127.0.0.1:9400",
+    passes: Annotated[
+        int, typer.Option("--passes", help="Stop after this many passes (0 = run forever).")
+    ] = 0,
+) -> None:
+    """Keep the tier within its capacity and reclaim stale trees; serve /metrics.
+
+    The policy file (the GC interval, the reclaim age) is re-read before every pass: a new
+    valid version applies at once, an invalid one is logged and the last good one stays."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from runtime.kvcache.preservation.gc import SnapshotGc, settings_for
+    from runtime.kvcache.preservation.status import POD_ENV
+    from runtime.kvcache.sidecar.policy_file import PolicyFile
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    policy_file = PolicyFile(policy)
+    with reported_errors():
+        try:
+            settings = settings_for(policy_file.load(), capacity_bytes)
+        except ValueError as exc:
+            raise UsageProblem(f"--capacity-bytes: {exc}") from None
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageProblem(f"--listen: expected HOST:PORT, found {listen!r}")
+        if not root.is_dir():
+            raise UsageProblem(f"--root: {root} is not a directory (is the volume mounted?)")
+    registry = CollectorRegistry()
+    collector = SnapshotGc(root, os.environ.get(POD_ENV) or socket.gethostname(), registry)
+    server, thread = start_http_server(int(port), host, registry)
+    done = 0
+    try:
+        while passes == 0 or done < passes:
+            reload = policy_file.refresh()
+            for problem in reload.problems:
+                log.warning("policy update refused, the last good one stays: %s", problem)
+            if reload.policy is not None:
+                settings = settings_for(reload.policy, capacity_bytes)
+            decided, applied = collector.run_once(settings)
+            typer.echo(
+                json.dumps(
+                    {
+                        "used_bytes": decided.used_bytes,
+                        "kept_bytes": decided.kept_bytes,
+                        "deleted": applied.deleted_files,
+                        "errors": len(applied.errors),
+                    }
+                ),
+                err=True,
+            )
+            done += 1
+            if passes == 0 or done < passes:
+                time.sleep(settings.interval_s)
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+@snapshot_app.command()
+def show(root: RootOpt) -> None:
+    """The tiers on the volume (bytes, files, heartbeat age) and the replicas' records, as JSON;
+    deletes nothing."""
+    from runtime.kvcache.preservation.status import read_status, replicas_dir
+    from runtime.kvcache.preservation.volume import scan
+
+    with reported_errors():
+        if not root.is_dir():
+            raise UsageProblem(f"--root: {root} is not a directory")
+    found = scan(root)
+    now = time.time()
+    tiers = {
+        name: {
+            "heartbeat_age_s": round(now - beat, 1),
+            "files": sum(1 for f in found.files if f.tier == name),
+            "bytes": sum(f.size for f in found.files if f.tier == name),
+        }
+        for name, beat in sorted(found.heartbeats.items())
+    }
+    records = {
+        path.name: record.model_dump()
+        for path in sorted(replicas_dir(root).glob("*.json*"))
+        if (record := read_status(path)) is not None
+    }
+    typer.echo(json.dumps({"tiers": tiers, "replicas": records}, indent=2))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(snapshot_app)
