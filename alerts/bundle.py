@@ -12,6 +12,7 @@ from alerts import (
     kv_snapshots,
     prerequisites,
     recording,
+    serving,
     staleness,
 )
 from alerts.rules import Group, with_runbooks_and_labels
@@ -29,6 +30,7 @@ CONCERNS: dict[str, Concern] = {
     "capacity": capacity.groups,
     "staleness": staleness.groups,
     "prerequisites": prerequisites.groups,
+    "serving": serving.groups,
 }
 """Rule file stem -> the module that builds its groups (one file per concern)."""
 

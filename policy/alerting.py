@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, HttpUrl, model_validator
 
-from policy.base import DnsLabel, Duration, Fraction, Invariants, StrictModel
+from policy.base import DnsLabel, Duration, Fraction, Invariants, StrictModel, duration_seconds
 
 Severity = Literal["critical", "warning", "info"]
 
@@ -150,6 +150,49 @@ class KvSnapshotFlushDropped(AlertRule):
     rolling update's exits and keeps one exit's drops visible for that long."""
 
 
+class ServingShed(AlertRule):
+    """The endpoint picker refuses a large share of a pool's requests as saturated (HTTP 429:
+    sheddable requests while every member is over its thresholds, docs/serving.md)."""
+
+    max_share: Fraction = Field(0.25, gt=0)
+    """Fires above this share of a pool's requests (refused + admitted) refused as saturated
+    (``error_code="ResourceExhausted"``) over ``metrics.rate_window``. Shedding is the
+    design under production pressure; a sustained quarter of the batch traffic refused means
+    the flex pool is too small for it (or its thresholds too tight)."""
+    min_requests_per_minute: float = Field(6.0, ge=0)
+    """Below this many requests per minute (refused + admitted) a pool's share is not
+    evaluated: a handful of requests says nothing about capacity."""
+
+
+class ServingMetricsStale(AlertRule):
+    """The endpoint picker routes on stale engine metrics: its own polls of the pool members'
+    ``/metrics`` fail (llm-d-router's data-layer counter), or a Ready flex pod's ``/metrics``
+    does not answer Prometheus either (the same endpoint the picker polls)."""
+
+
+class ServingTerminatingRequests(AlertRule):
+    """Requests reach a flex pod that is being deleted after vLLM stopped taking them: vLLM
+    answers them with an empty 200 (finish reason ``abort``), so routing lags the drain."""
+
+    window: Duration = "10m"
+    """How long such a request keeps the condition true: a terminating pod lives for at most
+    ``disruption.termination_grace_s``, shorter than a useful ``for:``, so the alert looks
+    back over ``window`` (which must exceed ``for:``) and fires ``for:`` after the request."""
+
+    @model_validator(mode="after")
+    def _window_covers_for(self) -> ServingTerminatingRequests:
+        found = Invariants()
+        found.require(
+            duration_seconds(self.window) > duration_seconds(self.for_),
+            "window",
+            f"window ({self.window}) must exceed for ({self.for_}): the condition holds for "
+            "window after a request reached a terminating pod, so a shorter window never "
+            "fires",
+        )
+        found.raise_if_any()
+        return self
+
+
 class AlertThresholds(StrictModel):
     """One entry per alert gpupool ships; thresholds and ``for:`` live here, not in rule bodies."""
 
@@ -195,6 +238,15 @@ class AlertThresholds(StrictModel):
         for_="5m", severity="warning"
     )
     """KVSnapshotFlushDropped: stopping replicas drop the writes their flush had no time for."""
+    serving_shed: ServingShed = ServingShed(for_="15m", severity="warning")
+    """ServingRequestsShed: a pool's picker refuses too many requests as saturated (only with
+    a ``serving`` section; reads the picker's own series)."""
+    serving_metrics_stale: ServingMetricsStale = ServingMetricsStale(for_="5m", severity="warning")
+    """ServingEndpointMetricsStale: the picker polls pool members' metrics in vain."""
+    serving_terminating_requests: ServingTerminatingRequests = ServingTerminatingRequests(
+        for_="1m", severity="warning"
+    )
+    """ServingRequestsToTerminatingPod: routing sent requests to a draining flex pod."""
 
 
 class Receiver(StrictModel):

@@ -1,4 +1,12 @@
-"""How flex pods leave: PDBs, spreading, and a grace period that covers drain plus KV snapshot."""
+"""How flex pods leave: PDBs, spreading, and a grace period that covers drain plus KV snapshot.
+
+The order of a flex pod's exit (docs/serving.md, "The shutdown order"): the preStop hook
+fails readiness first (a drain marker the readiness probe checks), sleeps
+``prestop_delay_s`` while routing drops the pod, and only then does vLLM get SIGTERM and
+drain for ``drain_s``. vLLM itself never refuses a request cleanly once it has SIGTERM (new
+requests get an empty 200, then hang, then 500), so readiness must have failed, and had time
+to reach every router, before that.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +28,18 @@ class Disruption(StrictModel):
     drain_s: int = Field(25, ge=1)
     """Seconds vLLM drains in-flight requests on SIGTERM (``--shutdown-timeout``)."""
     prestop_delay_s: int = Field(5, ge=0)
-    """preStop sleep so endpoints drop the pod before vLLM stops taking requests."""
+    """preStop sleep after the hook has failed readiness, so every router drops the pod
+    before vLLM gets SIGTERM (after which vLLM answers new requests with empty 200s). Must
+    exceed ``readiness_period_s`` x ``readiness_failure_threshold``."""
+    readiness_period_s: int = Field(1, ge=1, le=60)
+    """Period (and timeout) of the vLLM container's readiness probe, which fails once the
+    preStop hook has written the drain marker. Short, because routing can only drop the pod
+    after the probe has failed ``readiness_failure_threshold`` times within the preStop
+    sleep; the probe is a shell test plus one local HTTP request."""
+    readiness_failure_threshold: int = Field(3, ge=1, le=10)
+    """Consecutive failed readiness probes before the pod is unready: tolerates that many
+    seconds (x ``readiness_period_s``) of a busy vLLM event loop without flapping, and
+    bounds how long the drain marker takes to turn the pod unready."""
     snapshot_s: int = Field(10, ge=0)
     """Budget to write the KV-cache snapshot to the volume before the kill."""
     pdb_min_available: int = Field(0, ge=0)
@@ -30,6 +49,13 @@ class Disruption(StrictModel):
     ``min_replicas`` >= 2, 1 keeps a replica serving through drains."""
     anti_affinity: Literal["preferred", "required"] = "preferred"
     """Spread replicas across nodes; ``required`` refuses to co-locate at all."""
+
+    @property
+    def readiness_fail_s(self) -> int:
+        """Worst case from the drain marker to the pod's Ready condition turning false: the
+        next probe starts within one period and the threshold-th failure ends the streak (a
+        failing probe answers at once: the marker test runs before any HTTP call)."""
+        return self.readiness_period_s * self.readiness_failure_threshold
 
     @property
     def shutdown_budget_s(self) -> int:
@@ -46,6 +72,17 @@ class Disruption(StrictModel):
             f"({self.prestop_delay_s}) + drain_s ({self.drain_s}) + snapshot_s "
             f"({self.snapshot_s}) = {self.shutdown_budget_s}: the kubelet would kill the pod "
             "mid-drain; raise termination_grace_s or shorten the budgets",
+        )
+        found.require(
+            self.readiness_fail_s < self.prestop_delay_s,
+            "prestop_delay_s",
+            f"readiness_period_s ({self.readiness_period_s}) x readiness_failure_threshold "
+            f"({self.readiness_failure_threshold}) = {self.readiness_fail_s} s must be below "
+            f"prestop_delay_s ({self.prestop_delay_s}): the preStop hook fails readiness and "
+            "sleeps prestop_delay_s before vLLM gets SIGTERM, and the rest of the sleep is the "
+            "time the API server, the endpoint picker and the proxies have to drop the pod; "
+            "after SIGTERM vLLM answers new requests with empty 200s, then errors. Raise "
+            "prestop_delay_s (and termination_grace_s) or probe more often",
         )
         found.raise_if_any()
         return self

@@ -179,6 +179,12 @@ class TrafficClass(StrictModel):
     """The instances that serve it: ``production`` (the owner's pods) or ``flex`` (evicted
     whenever production needs the GPUs, so only for sheddable classes)."""
 
+    @property
+    def sheddable(self) -> bool:
+        """Whether the endpoint picker refuses this class first when its pool saturates: a
+        negative priority (the picker's ``IsSheddable``)."""
+        return self.priority < 0
+
 
 def _default_classes() -> list[TrafficClass]:
     return [
@@ -201,6 +207,15 @@ class Serving(StrictModel):
     )
     """Traffic classes; default ``production`` (100, production pods) and ``batch`` (-10,
     flex pods)."""
+    retry_after_s: int | None = Field(None, ge=1, le=3600)
+    """``Retry-After`` (seconds) the routes of sheddable classes set on their responses, so a
+    client refused at saturation (the picker's 429, or 503 while a pool has no ready member)
+    knows when to retry: neither endpoint picker sets the header itself. Rendered as the
+    HTTPRoute's ``ResponseHeaderModifier`` filter, which Gateway API marks Extended: a gateway
+    without it rejects the route, and one may not apply it to the picker's immediate
+    responses, so it is off by default; check with curl before relying on it
+    (docs/serving.md, "What a client gets"). Every response of those routes carries it,
+    2xx included, where clients ignore it."""
 
     def objective_name(self, model: ServedModel, traffic_class: TrafficClass) -> str:
         """The InferenceObjective (and plain-mode Service) of one class of one model."""
@@ -250,7 +265,7 @@ def check_serving(policy: PoolPolicy, found: Invariants) -> None:
     idle = policy.priorities.idle_inference
     for i, c in enumerate(serving.traffic_classes):
         found.require(
-            c.served_by != "flex" or c.priority < 0,
+            c.served_by != "flex" or c.sheddable,
             f"serving.traffic_classes.{i}.priority",
             f"class {c.name!r} is served only by flex instances, which run as PriorityClass "
             f"{idle.name!r} ({idle.value}) and are evicted whenever production needs the "

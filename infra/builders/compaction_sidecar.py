@@ -143,6 +143,20 @@ def compaction_volumes(policy: PoolPolicy, workload: FlexWorkload) -> list[dict[
     ]
 
 
+def metrics_endpoint(port: int) -> dict[str, Any]:
+    """A KV sidecar's ``kv-metrics`` port and its probe: liveness only, because a sidecar that
+    is not ready must never take the pod out of its Service."""
+    return {
+        "ports": [{"name": METRICS_PORT, "containerPort": port, "protocol": "TCP"}],
+        "livenessProbe": {
+            "httpGet": {"path": "/metrics", "port": METRICS_PORT},
+            "periodSeconds": 30,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+    }
+
+
 def compaction_sidecar(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, Any]:
     """Container spec of the compaction sidecar in ``workload``'s pod."""
     kv = policy.kv_cache
@@ -166,16 +180,7 @@ def compaction_sidecar(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, 
             "--compaction-token-file",
             f"{COMPACTION_TOKEN_DIR}/{policy.tuner.compaction_token_key}",
         ],
-        "ports": [
-            {"name": METRICS_PORT, "containerPort": kv.compaction_sidecar_port, "protocol": "TCP"}
-        ],
-        # Liveness only: a sidecar that is not ready must not take the pod out of its Service.
-        "livenessProbe": {
-            "httpGet": {"path": "/metrics", "port": METRICS_PORT},
-            "periodSeconds": 30,
-            "timeoutSeconds": 5,
-            "failureThreshold": 3,
-        },
+        **metrics_endpoint(kv.compaction_sidecar_port),
         "volumeMounts": [
             *control_mounts(),
             {"name": POLICY_VOLUME, "mountPath": POLICY_DIR, "readOnly": True},

@@ -1,4 +1,5 @@
-"""How Prometheus finds the flex pods: one prometheus-operator PodMonitor.
+"""How Prometheus finds the flex pods (one prometheus-operator PodMonitor) and the serving
+layer's endpoint pickers (one per pool, ``endpoint_picker_pod_monitor``).
 
 The catalogue's per-instance vLLM queries group by ``policy.metrics.instance_labels``
 (``namespace``, ``workload``, ``pod``). The operator sets ``namespace`` and ``pod`` on every
@@ -16,6 +17,11 @@ from policy import PoolPolicy
 
 INSTANCE_META_LABEL = "__meta_kubernetes_pod_label_app_kubernetes_io_instance"
 """The pod's ``app.kubernetes.io/instance`` label, as Kubernetes service discovery names it."""
+
+POOL_TARGET_LABEL = "inference_pool"
+"""Target label naming the InferencePool on every series of its endpoint picker: the
+pickers' request and error counters carry model labels only, and one picker serves one pool.
+The serving alerts (alerts/serving.py) group by it and read only series that have it."""
 
 
 def flex_pod_monitor(policy: PoolPolicy) -> Manifest:
@@ -46,6 +52,33 @@ def flex_pod_monitor(policy: PoolPolicy) -> Manifest:
                     "relabelings": [relabel],
                 }
                 for port in (HTTP_PORT, METRICS_PORT)
+            ],
+        },
+    }
+
+
+def endpoint_picker_pod_monitor(
+    policy: PoolPolicy, pool: str, namespace: str, pod_selector: dict[str, str], port: str
+) -> Manifest:
+    """Scrape one pool's endpoint picker on its ``port`` (the NetworkPolicy admits Prometheus
+    there), with ``POOL_TARGET_LABEL`` set to the pool's name."""
+    meta = metadata(f"{pool}-epp", "serving", namespace=namespace, instance=f"{pool}-epp")
+    meta["labels"] |= policy.metrics.rule_selector_labels
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": dict(pod_selector)},
+            "podMetricsEndpoints": [
+                {
+                    "port": port,
+                    "path": "/metrics",
+                    "interval": policy.metrics.evaluation_interval,
+                    "relabelings": [
+                        {"targetLabel": POOL_TARGET_LABEL, "replacement": pool, "action": "replace"}
+                    ],
+                }
             ],
         },
     }

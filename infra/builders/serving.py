@@ -27,6 +27,7 @@ from infra.builders.compaction_sidecar import CONTAINER_SECURITY
 from infra.builders.meta import Manifest, labels, metadata, selector_labels
 from infra.builders.network import endpoint_picker_network_policy
 from infra.builders.rbac import POOL_GROUP, endpoint_picker_rbac
+from infra.builders.scraping import endpoint_picker_pod_monitor
 from infra.builders.workload import pod_security, pull_secrets
 from infra.yaml_text import to_yaml
 from policy import PoolPolicy
@@ -97,6 +98,9 @@ DISTRIBUTIONS: dict[ObjectiveApi, Distribution] = {
         objective_headers=(OBJECTIVE_HEADER, "x-llm-d-inference-objective"),
     ),
 }
+
+RETRY_AFTER = "Retry-After"
+"""Response header the sheddable classes' routes set with ``serving.retry_after_s``."""
 
 COMPONENT = "serving"
 """``app.kubernetes.io/component`` of the serving objects."""
@@ -393,6 +397,8 @@ def endpoint_picker(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> list[M
         endpoint_picker_network_policy(
             policy, ns, pods, (GRPC, METRICS), serving.gateway.namespace
         ),
+        # its request, shed and poll-error counters feed the serving alerts (alerts/serving.py)
+        endpoint_picker_pod_monitor(policy, pool.name, ns, pods, METRICS),
     ]
 
 
@@ -450,13 +456,19 @@ def http_route(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> Manifest:
         objective = serving.objective_name(pool.model, c)
         header = {"type": "Exact", "name": OBJECTIVE_HEADER, "value": objective}
         headers = [{"name": h, "value": objective} for h in DISTRIBUTIONS[api].objective_headers]
+        filters: list[Manifest] = [
+            {"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": headers}}
+        ]
+        if serving.retry_after_s is not None and c.sheddable:
+            retry = {"name": RETRY_AFTER, "value": str(serving.retry_after_s)}
+            filters.append(
+                {"type": "ResponseHeaderModifier", "responseHeaderModifier": {"set": [retry]}}
+            )
         rules.append(
             {
                 "name": c.name,
                 "matches": [{"path": {"type": "PathPrefix", "value": "/"}, "headers": [header]}],
-                "filters": [
-                    {"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": headers}}
-                ],
+                "filters": filters,
                 "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool", "name": pool.name}],
             }
         )

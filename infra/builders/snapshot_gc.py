@@ -14,13 +14,13 @@ from typing import Any
 
 from infra.builders.compaction_sidecar import (
     CONTAINER_SECURITY,
-    METRICS_PORT,
     PLUGIN_TREE,
     PLUGIN_VOLUME,
     POLICY_CONFIGMAP,
     POLICY_DIR,
     POLICY_FILE,
     POLICY_VOLUME,
+    metrics_endpoint,
 )
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
@@ -86,14 +86,7 @@ def snapshot_gc(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, Any]:
             f"0.0.0.0:{port}",
         ],
         "env": [POD_NAME_ENV],
-        "ports": [{"name": METRICS_PORT, "containerPort": port, "protocol": "TCP"}],
-        # Liveness only: the GC must never take the pod out of its Service.
-        "livenessProbe": {
-            "httpGet": {"path": "/metrics", "port": METRICS_PORT},
-            "periodSeconds": 30,
-            "timeoutSeconds": 5,
-            "failureThreshold": 3,
-        },
+        **metrics_endpoint(port),
         "volumeMounts": [
             {"name": SNAPSHOT_VOLUME, "mountPath": workload.snapshot_volume.mount_path},
             {"name": POLICY_VOLUME, "mountPath": POLICY_DIR, "readOnly": True},

@@ -77,11 +77,28 @@ COMPONENT = "flex-inference"
 HTTP_PORT = "http"
 """Name of the vLLM container port (OpenAI API, ``/health``, ``/metrics``)."""
 
-READINESS_PERIOD_S = 5
-"""How often readiness is probed."""
+DRAIN_VOLUME = "drain"
+"""The ``emptyDir`` holding the drain marker (the root filesystem is read-only)."""
 
-READINESS_FAILURES = 2
-"""Failed readiness probes before the pod leaves the Service (10 s with the period above)."""
+DRAIN_DIR = "/var/run/gpupool/drain"
+"""Where the vLLM container mounts it."""
+
+DRAIN_MARKER = f"{DRAIN_DIR}/draining"
+"""Written by the preStop hook; while it exists the readiness probe fails, so the pod turns
+unready (EndpointSlice ``serving: false``, the endpoint picker's Ready check) before vLLM gets
+SIGTERM. The kubelet also runs preStop before restarting a container whose liveness probe
+failed, and an ``emptyDir`` outlives container restarts, so the postStart hook removes the
+marker: the kubelet starts probing only after postStart returned."""
+
+DRAIN_SIZE_LIMIT = "1Mi"
+"""``sizeLimit`` of the marker's ``emptyDir`` (memory-backed: one empty file)."""
+
+HEALTH_CHECK_PY = (
+    "import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=float(sys.argv[2]))"
+)
+"""The readiness probe's HTTP check, in the image's own python3 (the vLLM image has python3 and
+sh; curl and wget are not guaranteed): exits 0 on a 2xx from ``/health``, non-zero otherwise
+(urlopen raises on 4xx/5xx, refused connections and timeouts)."""
 
 LIVENESS_PERIOD_S = 10
 """How often liveness is probed."""
@@ -108,6 +125,33 @@ RATE_PERIOD_S = 60
 
 STARTUP_PERIOD_S = 10
 """Startup probe period; ``startup_timeout_s`` / this many failures are allowed."""
+
+
+def prestop_command(delay_s: int) -> list[str]:
+    """The vLLM container's preStop hook: write the drain marker (readiness fails from the
+    next probe on), then sleep ``delay_s`` while routing drops the pod; the kubelet sends
+    SIGTERM when the hook returns. A failed write still sleeps: the pod then leaves routing
+    on its deletion alone, as before the marker existed."""
+    return ["sh", "-c", f": > {DRAIN_MARKER}; exec sleep {delay_s}"]
+
+
+def poststart_command() -> list[str]:
+    """The vLLM container's postStart hook: remove a drain marker left by the preStop of a
+    previous container of this pod (a liveness restart), which would keep it unready."""
+    return ["sh", "-c", f"rm -f {DRAIN_MARKER}"]
+
+
+def readiness_command(port: int, timeout_s: int) -> list[str]:
+    """The readiness probe: fail at once while the drain marker exists (no HTTP call, so a
+    draining pod turns unready within ``failureThreshold`` periods), otherwise ask vLLM's
+    ``/health`` on ``port``. An exec probe rather than ``httpGet``: an HTTP probe cannot see
+    the marker, and the alternative, a readiness endpoint served by a gpupool container, would
+    need a sidecar in every pod (gpupool's sidecars run only with compaction or preservation)
+    and a second process whose failure takes a healthy vLLM out of routing. ``python3 -I -S``
+    skips the image's site packages and environment: the stdlib's urllib is all it needs."""
+    url = f"http://127.0.0.1:{port}{HEALTH_PATH}"
+    check = f"exec python3 -I -S -c '{HEALTH_CHECK_PY}' {url} {timeout_s}"
+    return ["sh", "-c", f"test ! -e {DRAIN_MARKER} && {check}"]
 
 
 def model_cache_claim_name(workload: FlexWorkload) -> str:
@@ -205,6 +249,7 @@ def _volumes(workload: FlexWorkload) -> list[Manifest]:
         {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
         # NCCL and vLLM's tensor-parallel workers share memory through /dev/shm.
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": DRAIN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": DRAIN_SIZE_LIMIT}},
     ]
     if workload.hf_token_secret is not None:
         volumes.append(
@@ -316,6 +361,7 @@ def _vllm_container(
         GPU_RESOURCE: str(workload.gpus_per_replica),
     }
     probe = {"httpGet": {"path": HEALTH_PATH, "port": HTTP_PORT}}
+    disruption = policy.disruption
     plugin = workload.kv_compaction
     container: Manifest = {
         "name": "vllm",
@@ -341,8 +387,12 @@ def _vllm_container(
             "periodSeconds": STARTUP_PERIOD_S,
             "failureThreshold": -(-workload.startup_timeout_s // STARTUP_PERIOD_S),
         },
-        "readinessProbe": probe
-        | {"periodSeconds": READINESS_PERIOD_S, "failureThreshold": READINESS_FAILURES},
+        "readinessProbe": {
+            "exec": {"command": readiness_command(workload.port, disruption.readiness_period_s)},
+            "periodSeconds": disruption.readiness_period_s,
+            "timeoutSeconds": disruption.readiness_period_s,
+            "failureThreshold": disruption.readiness_failure_threshold,
+        },
         "livenessProbe": probe
         | {"periodSeconds": LIVENESS_PERIOD_S, "failureThreshold": LIVENESS_FAILURES},
         "securityContext": {
@@ -358,6 +408,7 @@ def _vllm_container(
             {"name": "models", "mountPath": MODEL_CACHE_PATH},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": DRAIN_VOLUME, "mountPath": DRAIN_DIR},
             *(
                 [{"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": True}]
                 if workload.hf_token_secret is not None
@@ -366,11 +417,12 @@ def _vllm_container(
             *(vllm_plugin_mounts() if plugin else []),
         ],
     }
-    if policy.disruption.prestop_delay_s > 0:
-        # Endpoints drop the pod while it still serves; vLLM then drains on SIGTERM.
-        container["lifecycle"] = {
-            "preStop": {"exec": {"command": ["sleep", str(policy.disruption.prestop_delay_s)]}}
-        }
+    # Readiness fails first, routing drops the pod while vLLM still serves, then SIGTERM:
+    # vLLM drains in-flight requests for drain_s (docs/serving.md, "The shutdown order").
+    container["lifecycle"] = {
+        "postStart": {"exec": {"command": poststart_command()}},
+        "preStop": {"exec": {"command": prestop_command(disruption.prestop_delay_s)}},
+    }
     return container
 
 

@@ -65,8 +65,23 @@ def print_summary(result: Result, title: str) -> None:
         console.print(line, markup=False)
     for line in markdown.goal_lines(result):
         console.print(line, markup=False)
+    print_classes(result)
     if result.tuner is not None:
         print_tuner(result)
+
+
+def print_classes(result: Result) -> None:
+    """Per traffic class: served, queued, shed (and during production bursts), lost, dropped;
+    nothing for a policy without a serving section."""
+    rows = markdown.class_rows(result.pooled, result.fixed)
+    if not rows:
+        return
+    head, *_ = markdown.class_lines(result.pooled, result.fixed)
+    console.print(head, markup=False)
+    table = Table(*markdown.CLASS_COLUMNS)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
 
 
 def print_tuner(result: Result) -> None:
@@ -131,13 +146,18 @@ def whatif(
     flex_trace: Annotated[
         list[str] | None,
         typer.Option(
-            help="[WORKLOAD=]FILE flex requests (Azure CSV or Mooncake JSONL; 'azure-code' and "
-            "'mooncake' name the bundled ones); repeatable. Default: both bundled traces."
+            help="[WORKLOAD=]FILE[:CLASS] flex requests (Azure CSV or Mooncake JSONL; "
+            "'azure-code' and 'mooncake' name the bundled ones); repeatable. CLASS: a traffic "
+            "class of the policy's serving section (default: its first class served by flex). "
+            "Default: both bundled traces."
         ),
     ] = None,
     backlog: Annotated[
         list[str] | None,
-        typer.Option(help="[WORKLOAD=]FILE batch work always available (lengths from FILE)."),
+        typer.Option(
+            help="[WORKLOAD=]FILE[:CLASS] batch work always available (lengths from FILE); "
+            "CLASS: a traffic class served by flex."
+        ),
     ] = None,
     rate_scale: Annotated[
         float, typer.Option(min=0.001, help="Multiply flex arrival rates.")

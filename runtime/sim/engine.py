@@ -7,7 +7,10 @@ Every ``step_s`` (the HPA's default 15 s sync period) the replay
    workloads and their HPAs, or a rule on the trace) and each flex Deployment's replicas
    from its HPA, creating and deleting pods the way the ReplicaSet controller does;
 3. schedules pending pods (``runtime.sim.cluster``: priority order, preemption, grace);
-4. serves production demand and each flex fleet's requests (``runtime.sim.serving``);
+4. serves production demand and each flex fleet's requests (``runtime.sim.serving``); with
+   traffic classes (a policy with a ``serving`` section, ``runtime.sim.classes``) each pool's
+   endpoint picker first refuses the step's sheddable arrivals while it is saturated, and
+   production instances serve their classes' requests in the GPU time production leaves idle;
 5. every ``metrics.evaluation_interval`` writes what dcgm-exporter and kube-state-metrics
    would report and evaluates the budget with the catalogue's semantics (``budget``);
 6. runs each flex HPA (``runtime.sim.hpa``, the controller's own algorithm) on the latest
@@ -46,10 +49,19 @@ from runtime.sim.budget import (
     production_utilization,
     spare,
 )
+from runtime.sim.classes import (
+    ClassPlan,
+    ClassTotals,
+    Member,
+    close_totals,
+    new_totals,
+    pool_saturation,
+    record_shed,
+)
 from runtime.sim.cluster import Cluster, Eviction, Node, Phase, Pod
 from runtime.sim.hpa import HpaSpec, HpaState, PodSample, reconcile
 from runtime.sim.production import ProductionGroup, ProductionRule, production_groups
-from runtime.sim.serving import Fleet, Requests, StepLatencies, StepResult
+from runtime.sim.serving import Admission, Fleet, Requests, StepLatencies, StepResult
 from runtime.sim.traces import ProductionTrace
 
 
@@ -175,10 +187,14 @@ class FleetTotals:
     query_tokens: int = 0
     kv_tokens_lost: float = 0.0
     after_evictions: AfterEvictions = field(default_factory=AfterEvictions)
+    shed: int = 0
+    """Refused by the endpoint picker (traffic classes only)."""
+    lost: int = 0
+    """Aborted in flight on a pod that exited (traffic classes only)."""
 
     @property
     def outstanding(self) -> int:
-        return self.arrived - self.completed
+        return self.arrived - self.completed - self.shed - self.lost
 
 
 @dataclass
@@ -190,6 +206,10 @@ class Replay:
     series: Series
     fleets: dict[str, FleetTotals]
     prod_tokens_per_gpu_s: float
+    classes: dict[str, ClassTotals] = field(default_factory=dict)
+    """Per traffic class (a policy with a ``serving`` section; empty without one)."""
+    production_fleets: dict[str, FleetTotals] = field(default_factory=dict)
+    """Requests of production-served classes, per production pool."""
 
 
 Progress = Callable[[int, int], None]
@@ -257,16 +277,27 @@ def replay_pooled(
     progress: Progress | None = None,
     observe: Observer | None = None,
     tuning: Tuning | None = None,
+    classes: ClassPlan | None = None,
 ) -> Replay:
     """The policy's closed loop on ``layout`` (see the module docstring); ``tuning`` may
-    change the policy during the replay (phase 7)."""
-    loop = _PooledLoop(policy, layout, trace, flex, settings, observe, tuning)
+    change the policy during the replay (phase 7); ``classes``: traffic classes behind the
+    endpoint pickers (None: no serving layer, as without a ``serving`` section)."""
+    loop = _PooledLoop(policy, layout, trace, flex, settings, observe, tuning, classes)
     steps = settings.steps
     for step in range(steps):
         loop.step(step)
         if progress is not None:
             progress(step + 1, steps)
-    return Replay("pooled", settings.step_s, loop.series, loop.close(), prod_tokens_per_gpu_s)
+    totals = loop.close()
+    return Replay(
+        "pooled",
+        settings.step_s,
+        loop.series,
+        totals,
+        prod_tokens_per_gpu_s,
+        loop.class_totals,
+        loop.prod_totals,
+    )
 
 
 def replay_fixed(
@@ -277,12 +308,16 @@ def replay_fixed(
     settings: Settings,
     *,
     prod_tokens_per_gpu_s: float,
+    classes: ClassPlan | None = None,
 ) -> Replay:
     """The fixed topology on the same hardware and demand (the baseline of every claim).
 
     Production keeps the most GPUs its instances hold at any time of the trace; flex runs a
     fixed number of replicas on GPUs no production instance ever holds (at most each
     workload's bound, workloads in policy order). Nothing is evicted and nothing waits.
+    With ``classes`` the same endpoint pickers admit the same requests; production's
+    instances lend the GPU time its held GPUs leave idle, split between its groups as in
+    the pooled replay.
     """
     total = layout.total_gpus
     prod_gpus = int(trace.held.max())
@@ -292,8 +327,9 @@ def replay_fixed(
         n = min(layout.max_replicas[f.workload.name], spare // f.workload.gpus_per_replica)
         replicas[f.workload.name] = n
         spare -= n * f.workload.gpus_per_replica
-    fleets = {f.workload.name: _fleet(policy, f) for f in flex}
+    fleets = {f.workload.name: _fleet(policy, f, _admission(classes, f)) for f in flex}
     totals = {name: FleetTotals() for name in fleets}
+    pools = _ProductionPools(policy, classes, production_groups(policy, settings.production))
     series = Series(
         util_by_pool={"production": [], "flex": []}, alloc_by_pool={"production": [], "flex": []}
     )
@@ -303,12 +339,22 @@ def replay_fixed(
         _held, busy = trace.at(now)
         tokens = 0
         duty = 0.0
+        util = float(busy) / prod_gpus if prod_gpus else 0.0
+        lent = {
+            pool: pools.fixed(pool, prod_gpus, util) for pool in pools.fleets
+        }  # (instances, idle GPUs) of each production pool
+        saturation = _saturation(classes, fleets, replicas, pools, lent)
         for f in flex:
             name = f.workload.name
-            result = fleets[name].serve(now, settings.step_s, replicas[name])
+            result = fleets[name].serve(
+                now, settings.step_s, replicas[name], saturated=_shed(classes, name, saturation)
+            )
             _add(totals[name], result)
             tokens += result.output_tokens
             duty += result.busy * replicas[name] * f.workload.gpus_per_replica
+        pools.serve(now, settings.step_s, lent, saturation)
+        if classes is not None:
+            record_shed(pools.class_totals, [*fleets.values(), *pools.fleets.values()], classes)
         series.append(
             t=now,
             prod_need=prod_gpus,
@@ -333,7 +379,15 @@ def replay_fixed(
         series.alloc_by_pool["production"].append(prod_gpus / total if total else 0.0)
         series.alloc_by_pool["flex"].append(flex_gpus / total if total else 0.0)
     _close(fleets, totals, settings)
-    return Replay("fixed", settings.step_s, series, totals, prod_tokens_per_gpu_s)
+    return Replay(
+        "fixed",
+        settings.step_s,
+        series,
+        totals,
+        prod_tokens_per_gpu_s,
+        pools.close(fleets, settings),
+        pools.totals,
+    )
 
 
 def preserves_kv(policy: PoolPolicy) -> bool:
@@ -342,7 +396,7 @@ def preserves_kv(policy: PoolPolicy) -> bool:
     return policy.kv_cache.kv_preservation == "filesystem"
 
 
-def _fleet(policy: PoolPolicy, f: FlexInput) -> Fleet:
+def _fleet(policy: PoolPolicy, f: FlexInput, admission: Admission | None = None) -> Fleet:
     return Fleet.admit(
         f.requests,
         max_model_len=f.workload.max_model_len,
@@ -351,7 +405,112 @@ def _fleet(policy: PoolPolicy, f: FlexInput) -> Fleet:
         max_num_seqs=f.workload.max_num_seqs,
         preservation=preserves_kv(policy),
         backlog_window=f.backlog_window,
+        admission=admission,
     )
+
+
+def _admission(classes: ClassPlan | None, f: FlexInput) -> Admission | None:
+    """The workload's fleet sits behind a picker when its demand has traffic classes."""
+    if classes is None or f.workload.name not in classes.flex_pools:
+        return None
+    return classes.admission
+
+
+def _shed(classes: ClassPlan | None, workload: str, saturation: Mapping[str, float]) -> bool:
+    """Whether the workload's pool refuses sheddable requests this step."""
+    if classes is None or workload not in classes.flex_pools:
+        return False
+    return saturation[classes.flex_pools[workload]] >= 1.0
+
+
+def _saturation(
+    classes: ClassPlan | None,
+    fleets: Mapping[str, Fleet],
+    running: Mapping[str, int],
+    pools: _ProductionPools,
+    lent: Mapping[str, tuple[float, float]],
+) -> dict[str, float]:
+    """Every pool's saturation at the step's start: the fleets' last metrics over the
+    instances ready now (``runtime.sim.classes.pool_saturation``)."""
+    if classes is None:
+        return {}
+    members = [
+        Member(pool, running[name], fleets[name].waiting, fleets[name].kv_usage)
+        for name, pool in classes.flex_pools.items()
+    ]
+    members += [
+        Member(pool, lent[pool][0], fleet.waiting, fleet.kv_usage)
+        for pool, fleet in pools.fleets.items()
+    ]
+    return pool_saturation(members, classes.detector)
+
+
+class _ProductionPools:
+    """The production instances that serve traffic classes, per pool: which production
+    groups are members (the trace's one-GPU pods serve every pool; a policy's workload the
+    pools of its namespace), their fleets and totals."""
+
+    def __init__(
+        self, policy: PoolPolicy, classes: ClassPlan | None, groups: tuple[ProductionGroup, ...]
+    ) -> None:
+        self.plan = classes
+        demands = () if classes is None else classes.production
+        self.demand = {d.pool: d for d in demands}
+        self.fleets = {
+            d.pool: classes.fleet(d, preserves_kv(policy)) for d in demands if classes is not None
+        }
+        self.totals = {pool: FleetTotals() for pool in self.fleets}
+        self.members = {
+            d.pool: tuple(g for g in groups if g.scaling == "trace" or g.namespace == d.namespace)
+            for d in demands
+        }
+        self.class_totals: dict[str, ClassTotals] = {} if classes is None else new_totals(classes)
+
+    def lent(
+        self, pool: str, running: Callable[[str], int], util: Mapping[str, float]
+    ) -> tuple[float, float]:
+        """(ready instances, idle GPUs) of the pool's production pods now (pooled replay)."""
+        pods = 0.0
+        idle = 0.0
+        for g in self.members[pool]:
+            n = running(g.owner)
+            pods += n
+            idle += n * g.gpus_per_replica * (1.0 - util[g.owner])
+        return pods, idle
+
+    def fixed(self, pool: str, prod_gpus: int, util: float) -> tuple[float, float]:
+        """The same in the fixed topology: production holds ``prod_gpus`` at ``util``, split
+        between its groups by their share of the load."""
+        pods = 0.0
+        idle = 0.0
+        for g in self.members[pool]:
+            gpus = prod_gpus * g.share
+            pods += gpus / g.gpus_per_replica
+            idle += gpus * (1.0 - util)
+        return pods, idle
+
+    def serve(
+        self,
+        now: float,
+        dt: float,
+        lent: Mapping[str, tuple[float, float]],
+        saturation: Mapping[str, float],
+    ) -> None:
+        """Serve each pool's requests with the idle GPU time it was lent this step."""
+        for pool, fleet in self.fleets.items():
+            replicas = lent[pool][1] / self.demand[pool].replica_gpus
+            result = fleet.serve(now, dt, replicas, saturated=saturation[pool] >= 1.0)
+            _add(self.totals[pool], result)
+
+    def close(self, fleets: Mapping[str, Fleet], settings: Settings) -> dict[str, ClassTotals]:
+        """Each class's totals over the flex and production fleets at the replay's end."""
+        if self.plan is None:
+            return {}
+        _close(dict(self.fleets), self.totals, settings)
+        end = settings.steps * settings.step_s
+        return close_totals(
+            self.class_totals, [*fleets.values(), *self.fleets.values()], self.plan, end
+        )
 
 
 def _add(t: FleetTotals, result: StepResult) -> None:
@@ -370,6 +529,9 @@ def _close(fleets: dict[str, Fleet], totals: dict[str, FleetTotals], settings: S
         totals[name].arrived = fleet.arrived(end)
         totals[name].dropped = fleet.rejected(end)
         totals[name].kv_tokens_lost = fleet.kv_tokens_lost
+        if fleet.admission is not None:
+            totals[name].shed = int(fleet.shed.sum())
+            totals[name].lost = int(fleet.lost.sum())
 
 
 def _consolidate_after(policy: PoolPolicy) -> float:
@@ -389,8 +551,10 @@ class _PooledLoop:
         settings: Settings,
         observe: Observer | None = None,
         tuning: Tuning | None = None,
+        classes: ClassPlan | None = None,
     ) -> None:
         self.policy, self.layout, self.trace, self.settings = policy, layout, trace, settings
+        self.plan = classes
         self.observe = observe
         self.tuning = tuning
         # (time, raw reason) of flex disruptions, kept for the tuner's eviction series.
@@ -414,7 +578,7 @@ class _PooledLoop:
             consolidate_after_s=_consolidate_after(policy),
         )
         self.workloads = {f.workload.name: f.workload for f in flex}
-        self.fleets = {f.workload.name: _fleet(policy, f) for f in flex}
+        self.fleets = {f.workload.name: _fleet(policy, f, _admission(classes, f)) for f in flex}
         self.totals = {name: FleetTotals() for name in self.fleets}
         # Per workload: (end of its first minute, replicas) of each recent eviction.
         self.evicted: dict[str, list[tuple[float, int]]] = {name: [] for name in self.fleets}
@@ -429,6 +593,7 @@ class _PooledLoop:
         self.production_needs = False
         self.flex_util = dict.fromkeys(self.workloads, 0.0)
         self.groups = production_groups(policy, settings.production)
+        self.pools = _ProductionPools(policy, classes, self.groups)
         # Settled replicas per trace step: the trace rule's answer, and every group's start.
         self.settled = {g.owner: g.estimate(trace, settings.production) for g in self.groups}
         self.prod_spec = {owner: int(need[0]) for owner, need in self.settled.items()}
@@ -475,12 +640,26 @@ class _PooledLoop:
             self.prod_util[g.owner] = share / gpus if gpus else 0.0
             served += share
         tokens = 0
+        lent = {
+            pool: self.pools.lent(pool, self._running, self.prod_util) for pool in self.pools.fleets
+        }
+        running = {name: self._running(name) for name in self.fleets}
+        saturation = _saturation(self.plan, self.fleets, running, self.pools, lent)
         for name, fleet in self.fleets.items():
-            result = fleet.serve(now, self.settings.step_s, self._running(name))
+            result = fleet.serve(
+                now,
+                self.settings.step_s,
+                running[name],
+                saturated=_shed(self.plan, name, saturation),
+            )
             self.flex_util[name] = result.busy
             _add(self.totals[name], result)
             self._after_evictions(name, now, result)
             tokens += result.output_tokens
+        self.pools.serve(now, self.settings.step_s, lent, saturation)
+        if self.plan is not None:
+            fleets = [*self.fleets.values(), *self.pools.fleets.values()]
+            record_shed(self.pools.class_totals, fleets, self.plan)
         util = self.prod_util | self.flex_util
         duty = _pool_duty(c, util)
         view: ExporterView | None = None
@@ -715,6 +894,8 @@ class _PooledLoop:
 
     def close(self) -> dict[str, FleetTotals]:
         _close(self.fleets, self.totals, self.settings)
+        self.class_totals = self.pools.close(self.fleets, self.settings)
+        self.prod_totals = self.pools.totals
         return self.totals
 
 

@@ -80,9 +80,16 @@ def _flex(spec: str) -> FlexTrace:
     return load_flex_trace(Path(spec))
 
 
-def _split(value: str, default: str) -> tuple[str, str]:
+def _split(value: str, default: str) -> tuple[str, str, str | None]:
+    """``[WORKLOAD=]FILE[:CLASS]`` -> (workload, file, class or None). A colon names a class
+    only when what follows it is no path (no ``/``), so ``dir:x/trace.csv`` stays a file."""
     workload, sep, path = value.partition("=")
-    return (workload, path) if sep and "/" not in workload else (default, value)
+    if not (sep and "/" not in workload):
+        workload, path = default, value
+    file, sep, name = path.rpartition(":")
+    if sep and file and name and "/" not in name:
+        return workload, file, name
+    return workload, path, None
 
 
 def build_whatif(options: Options, policy: PoolPolicy) -> WhatIf:
@@ -92,19 +99,25 @@ def build_whatif(options: Options, policy: PoolPolicy) -> WhatIf:
     # Without workloads there is nothing to name; ``whatif.run`` refuses such a policy.
     first = policy.workloads[0].name if policy.workloads else ""
     production = _production(options.prod_trace, options.seed, policy.prod_pool.gpu_capacity)
-    traces: dict[str, list[FlexTrace]] = {}
+    traces: dict[str, list[tuple[FlexTrace, str | None]]] = {}
     flex_specs = options.flex_traces
     if not flex_specs and not options.backlogs:
         flex_specs = ("azure-code", "mooncake")
     for spec in flex_specs:
-        workload, path = _split(spec, first)
-        traces.setdefault(workload, []).append(_flex(path))
-    backlog: dict[str, FlexTrace] = {}
+        workload, path, name = _split(spec, first)
+        traces.setdefault(workload, []).append((_flex(path), name))
+    backlog: dict[str, tuple[FlexTrace, str | None]] = {}
     for spec in options.backlogs:
-        workload, path = _split(spec, first)
-        backlog[workload] = _flex(path)
+        workload, path, name = _split(spec, first)
+        backlog[workload] = (_flex(path), name)
     demand = {
-        name: Demand(tuple(traces.get(name, ())), backlog.get(name), options.rate_scale)
+        name: Demand(
+            tuple(t for t, _ in traces.get(name, ())),
+            backlog[name][0] if name in backlog else None,
+            options.rate_scale,
+            tuple(c for _, c in traces.get(name, ())),
+            backlog[name][1] if name in backlog else None,
+        )
         for name in {*traces, *backlog}
     }
     hours = options.hours or min(24.0, production.duration_s / 3600)

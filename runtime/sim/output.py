@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.sim.engine import Replay
+from runtime.sim.report import Summary
 from runtime.sim.whatif import Result
 
 PLOTS = ("gpus.png", "utilization.png", "evictions.png")
@@ -37,12 +38,21 @@ def as_json(result: Result) -> dict[str, object]:
         "throughput_ratio": result.throughput_ratio,
         "production_to_flex": result.production_to_flex,
         "goals": [asdict(g) for g in result.goals],
-        "pooled": asdict(result.pooled),
-        "fixed": asdict(result.fixed),
+        "pooled": _summary(result.pooled),
+        "fixed": _summary(result.fixed),
         "layout": asdict(result.layout),
         "assumptions": list(result.assumptions),
         "series": {"step_s": pooled.step_s, "pooled": _series(pooled), "fixed": _series(fixed)},
     }
+
+
+def _summary(summary: Summary) -> dict[str, object]:
+    """A summary as JSON; ``traffic_classes`` only where the replay had them, so a policy
+    without a ``serving`` section writes what it wrote before."""
+    out = asdict(summary)
+    if out["traffic_classes"] is None:
+        del out["traffic_classes"]
+    return out
 
 
 def _series(replay: Replay) -> dict[str, list[float]]:

@@ -15,7 +15,14 @@ Definitions (docs/whatif.md repeats them for readers of a report):
 - KV snapshot tier (``KvTier``): the prefix hit rate of the requests served in the first
   minute after each eviction of a running flex replica, with the tier and without it, on the
   same served requests whatever the policy's mode, and the prefill tokens the tier saves
-  over the replay.
+  over the replay;
+- traffic classes (``ClassFigures``, a policy with a ``serving`` section): per class the
+  requests served, queued at the end, shed by the endpoint picker, dropped and lost in flight
+  at pod exits, each with its share of the arrivals, and the requests shed during production
+  bursts: the steps in which production's pods held more GPUs than their median over the
+  replay (none in the fixed topology, where production holds its peak throughout), and those
+  shed at the start, before the replay's first flex replica was ready (the pooled replay
+  starts flex cold; the fixed topology starts with its replicas running).
 
 The product's goals (``goals``) are judged on the pooled replay and reported met or missed,
 never hidden: harvest efficiency >= 0.8, 0 production pod-minutes unmet, at most 5 flex
@@ -31,6 +38,7 @@ import numpy as np
 
 from policy.base import duration_seconds
 from policy.pool import PoolPolicy
+from runtime.sim.classes import ClassTotals
 from runtime.sim.engine import Replay, preserves_kv
 
 
@@ -99,6 +107,78 @@ def kv_tier(replay: Replay, policy: PoolPolicy) -> KvTier:
 
 
 @dataclass(frozen=True)
+class ClassFigures:
+    """One traffic class over a replay; ``arrived == served + queued + shed + dropped +
+    lost``, and the shares are of ``arrived``."""
+
+    priority: int
+    served_by: str
+    sheddable: bool
+    arrived: int
+    served: int
+    queued: int
+    """Admitted and not finished when the replay ended."""
+    shed: int
+    """Refused by the endpoint picker (the client got 429/503)."""
+    dropped: int
+    """Longer than ``max_model_len``."""
+    lost: int
+    """In flight on a pod that exited and not finished within its drain window."""
+    drained: int
+    """In flight on a pod that exited and finished within it (counted in ``served``)."""
+    served_share: float | None
+    queued_share: float | None
+    shed_share: float | None
+    shed_during_bursts: int
+    """Shed in the steps production's pods held more GPUs than their median (``burst_minutes``)."""
+    burst_minutes: float
+    shed_at_start: int
+    """Shed before the replay's first flex replica was ready (``start_minutes``): the replay's
+    cold start, not a production burst."""
+    start_minutes: float
+
+
+def class_figures(replay: Replay) -> dict[str, ClassFigures] | None:
+    """The traffic classes' figures of ``replay`` (None: it had no traffic classes)."""
+    if not replay.classes:
+        return None
+    held = replay.series.array("prod_gpus")
+    burst = held > float(np.median(held)) if held.size else np.zeros(0, dtype=bool)
+    running = replay.series.array("flex_running_gpus") > 0
+    ready = int(np.argmax(running)) if running.any() else running.size
+    start = np.arange(running.size) < ready
+    return {name: _figures(t, burst, start, replay.step_s) for name, t in replay.classes.items()}
+
+
+def _figures(t: ClassTotals, burst: np.ndarray, start: np.ndarray, step_s: float) -> ClassFigures:
+    """One class's figures; shares are None for a class no request arrived in."""
+
+    def share(n: int) -> float | None:
+        return n / t.arrived if t.arrived else None
+
+    shed = np.asarray(t.shed_by_step, dtype=np.int64)
+    return ClassFigures(
+        priority=t.priority,
+        served_by=t.served_by,
+        sheddable=t.sheddable,
+        arrived=t.arrived,
+        served=t.served,
+        queued=t.queued,
+        shed=t.shed,
+        dropped=t.dropped,
+        lost=t.lost,
+        drained=t.drained,
+        served_share=share(t.served),
+        queued_share=share(t.queued),
+        shed_share=share(t.shed),
+        shed_during_bursts=int(shed[burst[: shed.size]].sum()),
+        burst_minutes=float(burst.sum() * step_s / 60),
+        shed_at_start=int(shed[start[: shed.size]].sum()),
+        start_minutes=float(start.sum() * step_s / 60),
+    )
+
+
+@dataclass(frozen=True)
 class Summary:
     """One replay's figures; ``checks`` are the closed-loop properties (0 = holds)."""
 
@@ -126,6 +206,9 @@ class Summary:
     flex_duty_cycle: float
     requests: dict[str, Requests]
     checks: dict[str, float]
+    traffic_classes: dict[str, ClassFigures] | None = None
+    """Per traffic class (a policy with a ``serving`` section); None without one, and then
+    absent from the JSON."""
 
 
 def summarize(replay: Replay, policy: PoolPolicy) -> Summary:
@@ -189,6 +272,7 @@ def summarize(replay: Replay, policy: PoolPolicy) -> Summary:
             # production pod at the next step.
             "prod_wait_bound_s": policy.disruption.shutdown_budget_s + dt,
         },
+        traffic_classes=class_figures(replay),
     )
 
 

@@ -25,6 +25,17 @@ moves the closed loop (duty, budget, HPA), so its evictions fall elsewhere and n
 one run has a counterpart in the other. The tally is exact for the served schedule: the same
 requests, at the same times, with the same retention, under the other loss history; it does
 not follow the schedule change the other mode's prefill time would cause.
+
+Behind an endpoint picker (a policy with a ``serving`` section, ``runtime.sim.classes``) a
+fleet also admits: every request belongs to a traffic class, and a sheddable one that arrives
+in a step whose pool the saturation detector finds saturated is shed (marked, never served,
+costing nothing) instead of queued. A backlog is never shed: its client always has more work
+and resubmits what is refused as soon as there is room, so at this model's grain it keeps the
+fleet as busy as before and its refused attempts are retries, not requests. The requests in
+flight on a replica that exits are drained or lost as the pod's shutdown sequence allows
+(``Admission.drain_window_s``), no longer served again. Conservation is then, per class,
+``arrived == served + queued + shed + dropped + lost``. Without an
+``Admission`` none of this runs and the fleet behaves exactly as before.
 """
 
 from __future__ import annotations
@@ -66,6 +77,9 @@ class Requests:
     hashed: NDArray[np.bool_]
     """Whether the request's trace carries block hashes (its prefix hits are known)."""
     backlog: bool = False
+    traffic_class: NDArray[np.int64] | None = None
+    """Index of each request's traffic class in the replay's classes (``runtime.sim.classes``);
+    None: the stream has no class (a policy without a ``serving`` section)."""
 
     def __len__(self) -> int:
         return int(self.arrival_s.size)
@@ -79,6 +93,7 @@ class Requests:
             self.prefix_last_seen[keep],
             self.hashed[keep],
             self.backlog,
+            None if self.traffic_class is None else self.traffic_class[keep],
         )
 
     @staticmethod
@@ -86,6 +101,9 @@ class Requests:
         """One stream in arrival order (stable, so equal times keep their trace order)."""
         if any(s.backlog for s in streams) and len(streams) > 1:
             raise ValueError("a backlog stream cannot be merged with other streams")
+        classed = {s.traffic_class is not None for s in streams}
+        if len(classed) > 1:
+            raise ValueError("streams with and without traffic classes cannot be merged")
         cat = {
             name: np.concatenate([getattr(s, name) for s in streams])
             for name in (
@@ -97,6 +115,8 @@ class Requests:
                 "hashed",
             )
         }
+        if classed == {True}:
+            cat["traffic_class"] = np.concatenate([s.traffic_class for s in streams])
         order = np.argsort(cat["arrival_s"], kind="stable")
         return Requests(**{k: v[order] for k, v in cat.items()}, backlog=streams[0].backlog)
 
@@ -113,6 +133,42 @@ class StepResult:
     hit_tokens_with_tier: float = 0.0
     hit_tokens_without_tier: float = 0.0
     query_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Admission:
+    """How a fleet behind an endpoint picker admits requests and loses them at replica exits
+    (``runtime.sim.classes`` builds it from the policy)."""
+
+    sheddable: NDArray[np.bool_]
+    """Per traffic-class index: whether the picker sheds it when the pool is saturated."""
+    drain_window_s: float
+    """Seconds a request in flight on an exiting replica has to finish: the preStop sleep
+    (the pod still serves while endpoints drop it) plus vLLM's drain after SIGTERM
+    (``disruption.prestop_delay_s + drain_s``). What needs longer is aborted (lost)."""
+
+    @property
+    def classes(self) -> int:
+        """Number of traffic classes (the length of every per-class array)."""
+        return int(self.sheddable.size)
+
+
+@dataclass(frozen=True)
+class ClassCounts:
+    """One fleet's requests per traffic class at the end of a replay (arrays by class index);
+    ``arrived == served + queued + shed + dropped + lost`` class by class."""
+
+    arrived: NDArray[np.int64]
+    served: NDArray[np.int64]
+    """Completed, by the running fleet or drained by an exiting replica."""
+    queued: NDArray[np.int64]
+    shed: NDArray[np.int64]
+    dropped: NDArray[np.int64]
+    """Longer than ``max_model_len`` (vLLM rejects them)."""
+    lost: NDArray[np.int64]
+    """In flight on an exiting replica and not finished within its drain window."""
+    drained: NDArray[np.int64]
+    """In flight on an exiting replica and finished within it (part of ``served``)."""
 
 
 @dataclass
@@ -132,6 +188,10 @@ class Fleet:
     preservation: bool
     backlog_window: int = 0
     """Backlog streams: requests kept outstanding (enough to saturate the fleet)."""
+    admission: Admission | None = None
+    """Traffic classes behind an endpoint picker (module docstring); None: no picker."""
+    rejected_class: NDArray[np.int64] | None = None
+    """Traffic class of each rejected request (with ``admission``)."""
     done: int = 0
     credit: float = 0.0
     """Replica-seconds already spent on the head of the queue."""
@@ -151,6 +211,8 @@ class Fleet:
     """Share of a replica's KV tokens the running batch held over the last step, on average
     (vLLM's ``kv_cache_usage_perc``: unreferenced prefix-cache blocks count as free)."""
     _mean_context: float = 0.0
+    _batch: float = 1.0
+    """Sequences per replica in the last step (the drain window's decode speed)."""
     _issued: int = 0
     _cold_prefill: Array = field(init=False)
     """Prefill seconds of each request without cache hits, computed once: most requests of
@@ -161,20 +223,66 @@ class Fleet:
     prompt) per request, so a step's completions are found by bisection, not by costing every
     request it serves."""
 
+    # With ``admission`` only (``_admission_state``):
+    step_shed: NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    """Requests of each class shed in the last step."""
+    shed: NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    """Requests of each class shed so far."""
+    lost: NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    """Requests of each class aborted at a replica exit (in flight beyond the drain window)."""
+    drained: NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    """Requests of each class that an exiting replica finished within its drain window."""
+    _class: NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    _columns: tuple[Array, ...] = field(init=False, repr=False, compare=False)
+    _shed: NDArray[np.bool_] = field(init=False, repr=False, compare=False)
+    """Whether each request was shed at its arrival."""
+    _shed_count: NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    """Shed requests before each index (valid up to ``_admitted``)."""
+    _shed_sums: tuple[Array, ...] | None = field(init=False, repr=False, compare=False)
+    """``_sums`` of the shed requests alone (valid up to ``_admitted``)."""
+    _admitted: int = field(init=False, repr=False, compare=False)
+    """Requests the picker has answered (admitted or shed)."""
+    _pending: StepResult | None = field(init=False, repr=False, compare=False)
+    """Completions of the last drains, reported with the next step."""
+
     def __post_init__(self) -> None:
         r = self.requests
         self._cold_prefill = np.asarray(
             self.latencies.prefill_s(r.input_tokens.astype(np.float64)), dtype=np.float64
         )
         self._sums = None
+        columns = (
+            self._cold_prefill,
+            r.output_tokens.astype(np.float64),
+            r.input_tokens.astype(np.float64),
+            np.where(r.hashed, r.input_tokens, 0).astype(np.float64),
+        )
         if not r.prefix_tokens.any():
-            columns = (
-                self._cold_prefill,
-                r.output_tokens.astype(np.float64),
-                r.input_tokens.astype(np.float64),
-                np.where(r.hashed, r.input_tokens, 0).astype(np.float64),
-            )
             self._sums = tuple(np.concatenate([[0.0], np.cumsum(c)]) for c in columns)
+        if self.admission is not None:
+            self._admission_state(columns)
+
+    def _admission_state(self, columns: tuple[Array, ...]) -> None:
+        """The shed marks and their running sums, filled as requests arrive: a shed request
+        is always a new arrival, so the sums up to the last admitted request stay final."""
+        assert self.admission is not None
+        n, k = len(self.requests), self.admission.classes
+        given = self.requests.traffic_class
+        self._class = np.zeros(n, dtype=np.int64) if given is None else given
+        if self._class.size and not (self._class.min() >= 0 and self._class.max() < k):
+            raise ValueError(f"traffic class indices must lie in [0, {k})")
+        if self.rejected_class is None:
+            self.rejected_class = np.zeros(self.rejected_s.size, dtype=np.int64)
+        self._columns = columns
+        self._shed = np.zeros(n, dtype=bool)
+        self._shed_count = np.zeros(n + 1, dtype=np.int64)
+        self._shed_sums = None if self._sums is None else tuple(np.zeros(n + 1) for _ in columns)
+        self._admitted = 0
+        self.step_shed = np.zeros(k, dtype=np.int64)
+        self.shed = np.zeros(k, dtype=np.int64)
+        self.lost = np.zeros(k, dtype=np.int64)
+        self.drained = np.zeros(k, dtype=np.int64)
+        self._pending = None
 
     @classmethod
     def admit(
@@ -187,12 +295,14 @@ class Fleet:
         max_num_seqs: int,
         preservation: bool,
         backlog_window: int = 0,
+        admission: Admission | None = None,
     ) -> Fleet:
         fits = (requests.input_tokens + requests.output_tokens) <= max_model_len
         if requests.backlog and not fits.any():
             raise ValueError(
                 f"no backlog request fits max_model_len {max_model_len}: nothing could be served"
             )
+        rejected = requests.backlog or requests.traffic_class is None
         return cls(
             requests.select(fits),
             requests.arrival_s[~fits] if not requests.backlog else np.empty(0),
@@ -201,6 +311,8 @@ class Fleet:
             max_num_seqs,
             preservation,
             backlog_window,
+            admission,
+            None if rejected else requests.traffic_class[~fits],  # type: ignore[index]
         )
 
     def arrived(self, until: float) -> int:
@@ -217,19 +329,69 @@ class Fleet:
         idx = np.arange(start, stop, dtype=np.int64)
         return idx % len(self.requests) if self.requests.backlog else idx
 
-    def serve(self, now: float, dt: float, replicas: int) -> StepResult:
-        """Serve for ``dt`` seconds from ``now`` with ``replicas`` running replicas."""
+    def _live(self, start: int, stop: int) -> int:
+        """Requests in ``[start, stop)`` that were not shed."""
+        if self.admission is None or self.requests.backlog:
+            return stop - start
+        return (stop - start) - int(self._shed_count[stop] - self._shed_count[start])
+
+    def _admit(self, upto: int, saturated: bool) -> None:
+        """The endpoint picker's answer to the requests arriving up to index ``upto``: while
+        the pool is ``saturated`` the sheddable ones are shed, everything else is queued."""
+        assert self.admission is not None
+        start = self._admitted
+        self.step_shed = np.zeros(self.admission.classes, dtype=np.int64)
+        if upto <= start:
+            return
+        seg = slice(start, upto)
+        if saturated:
+            mask = self.admission.sheddable[self._class[seg]]
+        else:
+            mask = np.zeros(upto - start, dtype=bool)
+        self._shed[seg] = mask
+        ends = slice(start + 1, upto + 1)
+        self._shed_count[ends] = self._shed_count[start] + np.cumsum(mask)
+        if self._shed_sums is not None:
+            for shed, column in zip(self._shed_sums, self._columns, strict=True):
+                shed[ends] = shed[start] + (np.cumsum(np.where(mask, column[seg], 0.0)))
+        self.step_shed = np.bincount(self._class[seg][mask], minlength=self.admission.classes)
+        self.shed += self.step_shed
+        self._admitted = upto
+
+    def serve(
+        self, now: float, dt: float, replicas: float, *, saturated: bool = False
+    ) -> StepResult:
+        """Serve for ``dt`` seconds from ``now`` with ``replicas`` running replicas (replica
+        equivalents: production lends a fraction of its GPUs). ``saturated``: the endpoint
+        picker found the fleet's pool saturated at the step's start (only with admission)."""
+        backlog = self.requests.backlog
+        if self.admission is not None and not backlog:
+            self._admit(self.arrived(now + dt), saturated)
         # A backlog never runs dry: the fleet takes as much as its capacity allows.
-        arrived = BOUNDLESS if self.requests.backlog else self.arrived(now + dt)
-        if replicas <= 0 or arrived <= self.done:
+        arrived = BOUNDLESS if backlog else self.arrived(now + dt)
+        result = self._serve(now, dt, replicas, arrived)
+        if self.admission is not None and self._pending is not None:
+            _merge(result, self._pending)
+            self._pending = None
+        return result
+
+    def _serve(self, now: float, dt: float, replicas: float, arrived: int) -> StepResult:
+        """One step of the fluid model on the requests up to index ``arrived``."""
+        if replicas <= 0 or self._live(self.done, arrived) <= 0:
             self._in_flight = self.waiting = self.kv_usage = 0.0
+            if self.admission is not None and replicas <= 0:
+                # Nothing runs, so all that was admitted waits: what the picker reads.
+                self.waiting = float(self._live(self.done, self.arrived(now + dt)))
             return StepResult(busy=0.0)
         r = self.requests
         head = self._index(self.done, min(arrived, self.done + CHUNK))
+        if self.admission is not None and not r.backlog:
+            live = head[~self._shed[head]]
+            head = live if live.size else head
         full = r.input_tokens[head] + r.output_tokens[head]
         mean_len = float(full.mean())
         slots = max(1, min(self.max_num_seqs, int(self.kv_tokens // max(mean_len, 1.0))))
-        batch = min(max((arrived - self.done) / replicas, 1.0), float(slots))
+        batch = min(max(self._live(self.done, arrived) / replicas, 1.0), float(slots))
         context = float((r.input_tokens[head] + r.output_tokens[head] / 2).mean())
         per_token = float(self.latencies.decode_step_s(batch, context)) / batch
         capacity = replicas * dt
@@ -240,7 +402,7 @@ class Fleet:
         else:
             start, spent = self._take_by_chunks(arrived, budget, per_token, now, result)
         self.done = start
-        if self.requests.backlog:
+        if r.backlog:
             self._issued = max(self._issued, self.done + self.backlog_window)
         if self.done >= arrived:
             used = spent - self.credit
@@ -252,9 +414,10 @@ class Fleet:
         # The batch's blocks for the share of the step the replicas served: the mean a scrape
         # of vLLM's gauge sees.
         self.kv_usage = min(1.0, result.busy * batch * mean_len / max(self.kv_tokens, 1))
-        self._in_flight = min(float(arrived - self.done), replicas * batch)
-        self.waiting = max(0.0, self.arrived(now + dt) - self.done - self._in_flight)
+        self._in_flight = min(float(self._live(self.done, arrived)), replicas * batch)
+        self.waiting = max(0.0, self._live(self.done, self.arrived(now + dt)) - self._in_flight)
         self._mean_context = context
+        self._batch = batch
         free_tokens = max(0.0, replicas * (self.kv_tokens - batch * mean_len))
         inserted = (result.prompt_tokens - result.hit_tokens) / dt
         self._retention_s = free_tokens / inserted if inserted > 0 else math.inf
@@ -263,8 +426,10 @@ class Fleet:
     def _take_by_chunks(
         self, arrived: int, budget: float, per_token: float, now: float, result: StepResult
     ) -> tuple[int, float]:
-        """Complete requests in order while their cost (with cache hits) fits ``budget``."""
+        """Complete requests in order while their cost (with cache hits) fits ``budget``;
+        shed requests cost nothing and count for nothing."""
         r = self.requests
+        screened = self.admission is not None and not r.backlog
         spent = 0.0
         start = self.done
         while start < arrived:
@@ -276,17 +441,30 @@ class Fleet:
             if warm.any():
                 cost = cost.copy()
                 cost[warm] = self.latencies.prefill_s(r.input_tokens[idx][warm] - hits[warm])
-            total = np.cumsum(cost + r.output_tokens[idx] * per_token) + spent
+            unit = cost + r.output_tokens[idx] * per_token
+            if screened:
+                unit = np.where(self._shed[idx], 0.0, unit)
+            total = np.cumsum(unit) + spent
             n = int(np.searchsorted(total, budget, side="right"))
             if n:
                 served = idx[:n]
-                result.completed += n
+                if screened:
+                    live = ~self._shed[served]
+                    served, kept_n, survived_n, hits_n = (
+                        served[live],
+                        kept[:n][live],
+                        survived[:n][live],
+                        hits[:n][live],
+                    )
+                else:
+                    kept_n, survived_n, hits_n = kept[:n], survived[:n], hits[:n]
+                result.completed += int(served.size)
                 result.output_tokens += int(r.output_tokens[served].sum())
                 result.prompt_tokens += int(r.input_tokens[served].sum())
                 hashed = r.hashed[served]
-                result.hit_tokens += float(hits[:n][hashed].sum())
-                result.hit_tokens_with_tier += float(kept[:n][hashed].sum())
-                result.hit_tokens_without_tier += float(survived[:n][hashed].sum())
+                result.hit_tokens += float(hits_n[hashed].sum())
+                result.hit_tokens_with_tier += float(kept_n[hashed].sum())
+                result.hit_tokens_without_tier += float(survived_n[hashed].sum())
                 result.query_tokens += int(r.input_tokens[served][hashed].sum())
                 spent = float(total[n - 1])
             start += n
@@ -297,13 +475,17 @@ class Fleet:
     def _take_by_sums(
         self, arrived: int, budget: float, per_token: float, result: StepResult
     ) -> tuple[int, float]:
-        """``_take_by_chunks`` for streams that never hit the cache, by bisection on sums."""
+        """``_take_by_chunks`` for streams that never hit the cache, by bisection on sums
+        (less the sums of the shed requests, which cost nothing)."""
         assert self._sums is not None
         sums, n = self._sums, len(self.requests)
+        shed = None if self.admission is None else self._shed_sums
 
         def at(i: int) -> tuple[float, ...]:
             if not self.requests.backlog:
-                return tuple(float(c[i]) for c in sums)
+                if shed is None:
+                    return tuple(float(c[i]) for c in sums)
+                return tuple(float(c[i]) - float(s[i]) for c, s in zip(sums, shed, strict=True))
             cycles, rest = divmod(i, n)
             return tuple(cycles * float(c[-1]) + float(c[rest]) for c in sums)
 
@@ -326,7 +508,7 @@ class Fleet:
                 low, high = (mid, high) if cost(mid) <= budget else (low, mid)
             m = low
         end = at(self.done + m)
-        result.completed += m
+        result.completed += self._live(self.done, self.done + m)
         result.output_tokens += round(end[1] - base[1])
         result.prompt_tokens += round(end[2] - base[2])
         result.query_tokens += round(end[3] - base[3])
@@ -352,7 +534,9 @@ class Fleet:
 
         Returns the KV tokens lost (the context of in-flight sequences, to be recomputed).
         With KV preservation the prefix cache survives on the snapshot volume; the loss is
-        recorded either way, for the hits without the tier (``_hits``).
+        recorded either way, for the hits without the tier (``_hits``). With admission the
+        exiting replicas' in-flight requests are drained or lost (``_drain``) instead of
+        being served again by the rest of the fleet.
         """
         if lost <= 0 or before <= 0:
             return 0.0
@@ -363,4 +547,85 @@ class Fleet:
         self.lost_share += share
         self._loss_times.append(now)
         self._loss_values.append(self.lost_share)
+        if self.admission is not None:
+            self._drain(round(self._in_flight * share))
         return tokens
+
+    def _drain(self, count: int) -> None:
+        """The ``count`` requests in flight on exiting replicas (the fluid model's head of the
+        queue) leave it: each finishes within the drain window with probability
+        ``min(1, window / T)``, where ``T`` is its time alone in the batch (prefill plus its
+        output at the last step's decode speed) and its progress is uniform over ``T``; the
+        rest are aborted when the window closes (lost)."""
+        assert self.admission is not None
+        if count <= 0:
+            return
+        r = self.requests
+        if r.backlog:
+            idx = self._index(self.done, self.done + count)
+            stop = self.done + count
+        else:
+            window = np.arange(self.done, self._admitted, dtype=np.int64)
+            idx = window[~self._shed[window]][:count]
+            if not idx.size:
+                return
+            stop = int(idx[-1]) + 1
+        step_s = float(self.latencies.decode_step_s(self._batch, self._mean_context))
+        alone_s = self._cold_prefill[idx] + r.output_tokens[idx] * step_s
+        finish = np.minimum(1.0, self.admission.drain_window_s / np.maximum(alone_s, 1e-9))
+        k = self.admission.classes
+        classes = self._class[idx]
+        drained = np.rint(np.bincount(classes, weights=finish, minlength=k)).astype(np.int64)
+        in_flight = np.bincount(classes, minlength=k)
+        self.drained += drained
+        self.lost += in_flight - drained
+        pending = self._pending or StepResult(busy=0.0)
+        pending.completed += int(drained.sum())
+        pending.output_tokens += round(float((finish * r.output_tokens[idx]).sum()))
+        pending.prompt_tokens += round(float((finish * r.input_tokens[idx]).sum()))
+        self._pending = pending
+        self.done = stop
+        self._in_flight = max(0.0, self._in_flight - idx.size)
+
+    def class_counts(self, end: float) -> ClassCounts:
+        """Requests per traffic class at ``end`` (with admission; see ``ClassCounts``)."""
+        assert self.admission is not None
+        k = self.admission.classes
+        rejected_class = self.rejected_class
+        assert rejected_class is not None
+        dropped = np.bincount(rejected_class[: self.rejected(end)], minlength=k)
+        if self.requests.backlog:
+            one = self._class[:1]
+            issued = self.arrived(end)
+            arrived = np.bincount(one, minlength=k) * issued
+            finished = np.bincount(one, minlength=k) * self.done
+            queued = np.bincount(one, minlength=k) * (issued - self.done)
+        else:
+            upto = self.arrived(end)
+            if upto != self._admitted:
+                raise ValueError("class_counts before every arrival was admitted")
+            classes, shed = self._class, self._shed
+            arrived = np.bincount(classes[:upto], minlength=k)
+            finished = np.bincount(classes[: self.done][~shed[: self.done]], minlength=k)
+            tail = slice(self.done, upto)
+            queued = np.bincount(classes[tail][~shed[tail]], minlength=k)
+        return ClassCounts(
+            arrived=arrived + dropped,
+            served=finished - self.lost,
+            queued=queued,
+            shed=self.shed.copy(),
+            dropped=dropped,
+            lost=self.lost.copy(),
+            drained=self.drained.copy(),
+        )
+
+
+def _merge(result: StepResult, extra: StepResult) -> None:
+    """Add ``extra``'s completions and tokens to ``result`` (its duty stays)."""
+    result.completed += extra.completed
+    result.output_tokens += extra.output_tokens
+    result.prompt_tokens += extra.prompt_tokens
+    result.hit_tokens += extra.hit_tokens
+    result.hit_tokens_with_tier += extra.hit_tokens_with_tier
+    result.hit_tokens_without_tier += extra.hit_tokens_without_tier
+    result.query_tokens += extra.query_tokens

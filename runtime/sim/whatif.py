@@ -17,6 +17,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from policy.pool import PoolPolicy
+from policy.workloads import FlexWorkload
+from runtime.sim.classes import ClassError, ClassPlan, ProductionDemand, Route, route
 from runtime.sim.engine import (
     FlexInput,
     Layout,
@@ -49,6 +51,19 @@ class Demand:
     backlog: FlexTrace | None = None
     """Batch work that is always available; request lengths cycle through this trace."""
     rate_scale: float = 1.0
+    trace_classes: tuple[str | None, ...] = ()
+    """Traffic class each of ``traces`` names (``FILE:CLASS``), None: the default class; empty:
+    every trace takes the default (``runtime.sim.classes.route``)."""
+    backlog_class: str | None = None
+    """Traffic class the backlog names; None: the default."""
+
+    def classes_of_traces(self) -> tuple[str | None, ...]:
+        """The class each trace names, None for the default (one per trace)."""
+        if not self.trace_classes:
+            return (None,) * len(self.traces)
+        if len(self.trace_classes) != len(self.traces):
+            raise ValueError("trace_classes must name one class (or None) per trace")
+        return self.trace_classes
 
 
 @dataclass(frozen=True)
@@ -108,15 +123,17 @@ def run(
             f"the policy has {[w.name for w in policy.workloads]}"
         )
     settings = whatif.settings
-    production = whatif.production
+    trace = whatif.production
     groups = production_groups(policy, settings.production)
-    need = need_gpus(groups, production, settings.production)
-    layout = _layout(policy, production, need, whatif)
-    production = _fit(production, need, layout, whatif)
+    need = need_gpus(groups, trace, settings.production)
+    layout = _layout(policy, trace, need, whatif)
+    trace = _fit(trace, need, layout, whatif)
     horizon = settings.hours * 3600
     flex: list[FlexInput] = []
     services: dict[str, ServiceModel] = {}
     models: dict[str, ModelSpec] = {}
+    flex_pools: dict[str, str] = {}
+    production: dict[str, list[ProductionDemand]] = {}
     for w in policy.workloads:
         spec = load_model_spec(policy_dir / w.hf_config)
         models[w.name] = spec
@@ -131,23 +148,45 @@ def run(
         )
         services[w.name] = model
         demand = whatif.demand.get(w.name, Demand())
-        requests = _requests(demand, horizon)
+        routed = _routes(policy, w, demand)
+        on_flex = [(t, r) for t, r in routed if r is None or r.pool.tier == "flex"]
+        requests = _requests(demand, on_flex, horizon)
+        if any(r is not None for _, r in on_flex):
+            flex_pools[w.name] = next(r.pool.name for _, r in on_flex if r is not None)
+        for t, r in routed:
+            if r is not None and r.pool.tier == "production":
+                production.setdefault(r.pool.name, []).append(
+                    ProductionDemand(
+                        pool=r.pool.name,
+                        namespace=r.pool.namespace,
+                        requests=_classed(t.tiled(horizon, demand.rate_scale), r),
+                        latencies=model,
+                        kv_tokens=plan.max_concurrent_tokens,
+                        max_num_seqs=w.max_num_seqs,
+                        max_model_len=w.max_model_len,
+                        replica_gpus=w.gpus_per_replica,
+                    )
+                )
         window = layout.max_replicas[w.name] * w.max_num_seqs * 2 if demand.backlog else 0
         flex.append(FlexInput(w, requests, plan.max_concurrent_tokens, model, window))
+    classes = _class_plan(policy, flex_pools, production)
     reference = flex[0]
     per_gpu = _production_tokens_per_gpu_s(reference, services[reference.workload.name])
     tuner = None if whatif.tuner is None else TunerLoop(whatif.tuner, models)
     pooled = replay_pooled(
         policy,
         layout,
-        production,
+        trace,
         flex,
         settings,
         prod_tokens_per_gpu_s=per_gpu,
         progress=progress,
         tuning=tuner,
+        classes=classes,
     )
-    fixed = replay_fixed(policy, layout, production, flex, settings, prod_tokens_per_gpu_s=per_gpu)
+    fixed = replay_fixed(
+        policy, layout, trace, flex, settings, prod_tokens_per_gpu_s=per_gpu, classes=classes
+    )
     assumptions = (
         *(f"service times of {n}: {m.source}" for n, m in services.items()),
         f"production: {describe(groups, settings.production)}; new replicas start in "
@@ -164,6 +203,7 @@ def run(
             else ""
         ),
         "flex serving: fluid continuous-batching model (runtime/sim/serving.py)",
+        *([] if classes is None else [_classes_text(classes)]),
         *([] if tuner is None else [_tuner_text(tuner)]),
     )
     return Result(
@@ -200,15 +240,83 @@ def _production_tokens_per_gpu_s(reference: FlexInput, model: ServiceModel) -> f
     return rate / w.gpus_per_replica
 
 
-def _requests(demand: Demand, horizon_s: float) -> Requests:
+def _routes(
+    policy: PoolPolicy, workload: FlexWorkload, demand: Demand
+) -> list[tuple[FlexTrace, Route | None]]:
+    """Each trace of ``demand`` (the backlog alone, if it has one) with its route."""
+    try:
+        if demand.backlog is not None:
+            if demand.traces:
+                raise WhatIfError("a workload takes either request traces or a backlog, not both")
+            chosen = route(policy, workload, demand.backlog_class)
+            if chosen is not None and chosen.pool.tier != "flex":
+                raise WhatIfError(
+                    f"the backlog for {workload.name} names class {demand.backlog_class!r}, "
+                    "served by production instances; a backlog is batch work for flex: expected "
+                    "a class served by flex"
+                )
+            return [(demand.backlog, chosen)]
+        names = demand.classes_of_traces()
+        return [(t, route(policy, workload, n)) for t, n in zip(demand.traces, names, strict=True)]
+    except ClassError as exc:
+        raise WhatIfError(str(exc)) from None
+
+
+def _requests(
+    demand: Demand, routed: list[tuple[FlexTrace, Route | None]], horizon_s: float
+) -> Requests:
+    """The workload's own stream: its backlog, or its traces served by flex, merged."""
     if demand.backlog is not None:
-        if demand.traces:
-            raise WhatIfError("a workload takes either request traces or a backlog, not both")
-        return _to_requests(demand.backlog, backlog=True)
-    if not demand.traces:
+        ((backlog, chosen),) = routed
+        return _classed(_to_requests(backlog, backlog=True), chosen)
+    if not routed:
         return _to_requests(None, backlog=False)
     return Requests.merge(
-        [_to_requests(t.tiled(horizon_s, demand.rate_scale), backlog=False) for t in demand.traces]
+        [
+            _classed(_to_requests(t.tiled(horizon_s, demand.rate_scale), backlog=False), r)
+            for t, r in routed
+        ]
+    )
+
+
+def _classed(stream: FlexTrace | Requests, chosen: Route | None) -> Requests:
+    """``stream`` with every request in ``chosen``'s traffic class (unchanged without one)."""
+    requests = _to_requests(stream, backlog=False) if isinstance(stream, FlexTrace) else stream
+    if chosen is None:
+        return requests
+    return replace(
+        requests, traffic_class=np.full(len(requests), chosen.traffic_class, dtype=np.int64)
+    )
+
+
+def _class_plan(
+    policy: PoolPolicy, flex_pools: dict[str, str], production: dict[str, list[ProductionDemand]]
+) -> ClassPlan | None:
+    """The traffic classes of this replay (None without any routed demand)."""
+    if policy.serving is None or not (flex_pools or production):
+        return None
+    merged = []
+    for parts in production.values():
+        first = parts[0]
+        merged.append(replace(first, requests=Requests.merge([p.requests for p in parts])))
+    return ClassPlan.of_policy(policy, flex_pools, tuple(merged))
+
+
+def _classes_text(plan: ClassPlan) -> str:
+    """The report's assumption line for traffic classes: what the replay decides with."""
+    classes = ", ".join(
+        f"{c.name} ({c.priority}, {c.served_by}{', sheddable' if c.sheddable else ''})"
+        for c in plan.classes
+    )
+    pools = sorted({*plan.flex_pools.values(), *(d.pool for d in plan.production)})
+    return (
+        f"traffic classes {classes} through pools {', '.join(pools)}: the endpoint picker sheds "
+        "sheddable arrivals while its pool's saturation (mean over ready instances of max("
+        f"waiting / {plan.detector.queue_depth}, KV usage / {plan.detector.kv_usage:g})) is "
+        "at least 1 or no instance is ready, read every step; requests in flight on an exiting "
+        f"pod finish within {plan.drain_window_s:g} s (preStop + drain) or are lost; "
+        "production instances lend their classes the GPU time production's trace leaves idle "
+        "(not fed back into production's duty)"
     )
 
 

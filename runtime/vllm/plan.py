@@ -334,7 +334,7 @@ def plan_kv_cache(
         max_num_seqs=workload.max_num_seqs,
         prefix_caching=kv.prefix_caching,
         prefix_caching_hash_algo=kv.prefix_caching_hash_algo,
-        shutdown_timeout_s=policy.disruption.drain_s,
+        shutdown_timeout_s=_shutdown_timeout_s(policy, transfer),
         kv_transfer_config=transfer,
         preservation_note=note,
         env_unset=_env_unset(rule),
@@ -464,6 +464,19 @@ def _preservation(
         "(snapshot PVC) so a rescheduled replica finds its KV, flushed within "
         f"disruption.snapshot_s ({policy.disruption.snapshot_s} s) at shutdown"
     )
+
+
+def _shutdown_timeout_s(policy: PoolPolicy, transfer: dict[str, Any] | None) -> int:
+    """``--shutdown-timeout``: ``drain_s``, plus ``snapshot_s`` where the snapshot tier flushes.
+
+    vLLM 0.32 kills the EngineCore ``--shutdown-timeout`` seconds after SIGTERM, drain and
+    teardown together (``vllm/v1/engine/utils.py get_engine_process_shutdown_timeout``); the
+    tier's flush runs in that teardown, so without the addition it would only get what the
+    drain left. The sum stays within the grace period (``Disruption.shutdown_budget_s``)."""
+    drain = policy.disruption.drain_s
+    if transfer is None or policy.kv_cache.kv_preservation != "filesystem":
+        return drain
+    return drain + policy.disruption.snapshot_s
 
 
 def _connector(extra: dict[str, Any]) -> dict[str, Any]:

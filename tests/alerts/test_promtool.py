@@ -67,6 +67,9 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test(test_policy: PoolPolicy)
         "KVSnapshotGCStalled",
         "KVSnapshotGCErrors",
         "KVSnapshotFlushDropped",
+        "ServingRequestsShed",
+        "ServingEndpointMetricsStale",
+        "ServingRequestsToTerminatingPod",
     }
     assert names - fires == set(), "alerts without a firing unit test"
     assert names - quiet == set(), "alerts without a quiet unit test"

@@ -32,6 +32,9 @@ EXPECTED = {
     "KVSnapshotGCStalled": "platform",
     "KVSnapshotGCErrors": "platform",
     "KVSnapshotFlushDropped": "platform",
+    "ServingRequestsShed": "platform",
+    "ServingEndpointMetricsStale": "platform",
+    "ServingRequestsToTerminatingPod": "platform",
 }
 
 

@@ -7,6 +7,13 @@ from collections import Counter
 import pytest
 
 from infra.builders.meta import Manifest
+from infra.builders.workload import (
+    DRAIN_MARKER,
+    DRAIN_VOLUME,
+    poststart_command,
+    prestop_command,
+    readiness_command,
+)
 from infra.bundle import MissingVllmArgs, build_bundle, build_groups
 from policy import PoolPolicy, load_policy
 from tests.infra.policies import explicit_args, policy_with, two_workloads
@@ -64,11 +71,15 @@ def test_flex_deployment_scheduling_and_shutdown() -> None:
     )
     assert pod["terminationGracePeriodSeconds"] == 120
     container = _vllm(pod)
-    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "7"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == prestop_command(7)
+    assert container["lifecycle"]["postStart"]["exec"]["command"] == poststart_command()
     assert container["args"] == explicit_args(policy)[workload.name]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == str(workload.gpus_per_replica)
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["readinessProbe"]["exec"]["command"] == readiness_command(
+        workload.port, policy.disruption.readiness_period_s
+    )
     assert (
         container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"]
         >= workload.startup_timeout_s
@@ -83,10 +94,31 @@ def test_flex_deployment_scheduling_and_shutdown() -> None:
     assert pvc["spec"]["resources"]["requests"]["storage"] == workload.snapshot_volume.size
 
 
-def test_no_prestop_hook_without_delay() -> None:
-    policy = policy_with({"disruption.prestop_delay_s": 0})
-    pod = _one(_bundle(policy), "Deployment", policy.workloads[0].name)["spec"]["template"]
-    assert "lifecycle" not in _vllm(pod["spec"])
+@pytest.mark.parametrize(("period", "failures", "prestop"), [(1, 3, 5), (2, 2, 9), (1, 1, 2)])
+def test_readiness_fails_within_the_prestop_sleep(period: int, failures: int, prestop: int) -> None:
+    """The probe that reads the drain marker turns the pod unready before the preStop sleep
+    ends, so routing drops it while vLLM still serves (docs/serving.md "The shutdown order")."""
+    policy = policy_with(
+        {
+            "disruption.readiness_period_s": period,
+            "disruption.readiness_failure_threshold": failures,
+            "disruption.prestop_delay_s": prestop,
+        }
+    )
+    pod = _one(_bundle(policy), "Deployment", policy.workloads[0].name)["spec"]["template"]["spec"]
+    container = _vllm(pod)
+    ready = container["readinessProbe"]
+    assert (ready["periodSeconds"], ready["failureThreshold"]) == (period, failures)
+    assert ready["timeoutSeconds"] <= ready["periodSeconds"]
+    assert ready["periodSeconds"] * ready["failureThreshold"] < prestop
+    assert DRAIN_MARKER in " ".join(ready["exec"]["command"])
+    assert DRAIN_MARKER in " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == prestop_command(prestop)
+    # the marker lives on the pod's own memory-backed emptyDir, mounted at the marker's dir
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == DRAIN_VOLUME]
+    assert DRAIN_MARKER.startswith(mount["mountPath"] + "/")
+    (volume,) = [v for v in pod["volumes"] if v["name"] == DRAIN_VOLUME]
+    assert volume["emptyDir"]["medium"] == "Memory"
 
 
 @pytest.mark.parametrize("mode", ["preferred", "required"])

@@ -104,13 +104,16 @@ def policies(draw: st.DrawFn) -> Any:
             "description": "i",
         },
     }
+    period, failures = draw(st.integers(1, 5)), draw(st.integers(1, 4))
     prestop, drain, snapshot = (
-        draw(st.integers(0, 60)),
+        draw(st.integers(period * failures + 1, 60)),
         draw(st.integers(1, 600)),
         draw(st.integers(0, 600)),
     )
     pdb = draw(st.integers(0, 3))
     doc["disruption"] = {
+        "readiness_period_s": period,
+        "readiness_failure_threshold": failures,
         "prestop_delay_s": prestop,
         "drain_s": drain,
         "snapshot_s": snapshot,

@@ -35,6 +35,18 @@ CASES = [
     ),
     ("disruption.termination_grace_s", 35, "disruption.termination_grace_s", ["35", "= 40"]),
     ("disruption.termination_grace_s", 20, "disruption.termination_grace_s", ["30"]),
+    (
+        "disruption.prestop_delay_s",
+        3,
+        "disruption.prestop_delay_s",
+        ["readiness_period_s (1)", "readiness_failure_threshold (3)", "= 3 s", "(3)", "SIGTERM"],
+    ),
+    (
+        "disruption.readiness_period_s",
+        2,
+        "disruption.prestop_delay_s",
+        ["readiness_period_s (2)", "= 6 s", "prestop_delay_s (5)"],
+    ),
     ("priorities.training.value", 2000000, "priorities.production.value", ["1000000", "2000000"]),
     ("priorities.training.value", -5, "priorities.training.value", ["-5", "above 0"]),
     ("priorities.idle_inference.value", 0, "priorities.idle_inference.value", ["below 0"]),

@@ -173,6 +173,9 @@ def test_serve_args(policy: PoolPolicy, workload: FlexWorkload) -> None:
         },
     }
     assert flags["--prefix-caching-hash-algo"] == "sha256"
+    # The tier's flush runs in the engine's teardown, which --shutdown-timeout also bounds.
+    flush_window = policy.disruption.drain_s + policy.disruption.snapshot_s
+    assert args[args.index("--shutdown-timeout") + 1] == str(flush_window)
 
 
 def test_policy_switches_change_the_args(policy: PoolPolicy, workload: FlexWorkload) -> None:
