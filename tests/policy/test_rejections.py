@@ -318,7 +318,13 @@ CASES: list[tuple[str, Edit, str, list[str]]] = [
 def test_rejected_at_its_line_with_what_was_expected(
     tmp_path: Path, edit: Edit, path: str, words: list[str]
 ) -> None:
-    source = _policy_file(edit, tmp_path)
+    assert_rejected_at_its_line(_policy_file(edit, tmp_path), path, words)
+
+
+def assert_rejected_at_its_line(source: Path, path: str, words: list[str]) -> None:
+    """``source`` is refused with one problem at ``path``, at the line of that field (or of
+    its deepest part in the file), saying
+    ``words``; ``render`` prints it without a traceback and writes nothing."""
     with pytest.raises(PolicyError) as caught:
         load_inputs(source)
     problems = [p for p in caught.value.problems if p.path == path]
@@ -327,11 +333,15 @@ def test_rejected_at_its_line_with_what_was_expected(
     assert problem.file == str(source)
     for word in words:
         assert word in problem.message, problem.message
+    # At the field's line or, for a missing field, the deepest part of it the file has.
     line = source.read_text().splitlines()[problem.line - 1]
-    key = next(p for p in reversed(path.split(".")) if not p.isdigit() and p != "[key]")
-    assert f"{key}:" in line or line.lstrip().startswith("- "), (problem.line, line)
+    keys = [p for p in path.split(".") if not p.isdigit() and p != "[key]"]
+    assert any(f"{k}:" in line for k in keys) or line.lstrip().startswith("- "), (
+        problem.line,
+        line,
+    )
 
-    out = tmp_path / "build"
+    out = source.parent / "build"
     result = runner.invoke(app, ["render", str(source), "--out", str(out)])
     assert result.exit_code == 1
     assert str(problem) in result.output

@@ -18,7 +18,13 @@ from policy import DEFAULT_POLICY, PolicyError, load_policy, parse_policy
 from policy.serving import EndpointPicker, Serving, ServingGateway, TrafficClass
 from runtime.cli.app import app
 from tests.infra.test_serving_schemas import PRODUCTION_MODEL
-from tests.policy.test_rejections import Edit, _policy_file, _set, yaml
+from tests.policy.test_rejections import (
+    Edit,
+    _policy_file,
+    _set,
+    assert_rejected_at_its_line,
+    yaml,
+)
 
 runner = CliRunner()
 
@@ -206,17 +212,7 @@ def test_rejected_at_its_line_with_what_was_expected(
     source = _policy_file(
         lambda doc: (_append("serving.models", PRODUCTION_MODEL)(doc), edit(doc)), tmp_path
     )
-    with pytest.raises(PolicyError) as caught:
-        load_inputs(source)
-    (problem,) = [p for p in caught.value.problems if p.path == path]
-    for word in words:
-        assert word in problem.message, problem.message
-    assert problem.line > 1  # at the field (or the deepest part of it the file has)
-    out = tmp_path / "build"
-    result = runner.invoke(app, ["render", str(source), "--out", str(out)])
-    assert result.exit_code == 1
-    assert f"{source}:{problem.line}: {path}: " in result.output
-    assert not out.exists()
+    assert_rejected_at_its_line(source, path, words)
 
 
 def _second_flex_workload(port: int) -> Edit:
