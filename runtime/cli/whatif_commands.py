@@ -16,6 +16,7 @@ from rich.table import Table
 
 from infra.builders.workload import HPA_TOLERANCES
 from policy import DEFAULT_POLICY, load_policy
+from runtime.atomic_file import write_atomic
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.sim import markdown, output
@@ -117,7 +118,7 @@ def write_outputs(
     if json_out is not None:
         output.write_json(json_out, result)
     if markdown_out is not None:
-        output.write_text(markdown_out, markdown.report(result, plots=names))
+        write_atomic(markdown_out, markdown.report(result, plots=names))
     return names
 
 
@@ -275,14 +276,14 @@ def _compare(
         results["base"], results["head"], base_ref=base, head_ref=head, plots=names
     )
     if json_out is not None:
-        output.write_text(
+        write_atomic(
             json_out,
             json.dumps(
                 {k: output.as_json(v) for k, v in results.items()}, indent=1, sort_keys=True
             ),
         )
     if markdown_out is not None:
-        output.write_text(markdown_out, text)
+        write_atomic(markdown_out, text)
     print_summary(results["base"], f"base {base}")
     print_summary(results["head"], f"head {head}")
 

@@ -10,24 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.atomic_file import write_atomic
 from runtime.sim.engine import Replay
 from runtime.sim.report import Summary
 from runtime.sim.whatif import Result
 
 PLOTS = ("gpus.png", "utilization.png", "evictions.png")
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary sibling and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def as_json(result: Result) -> dict[str, object]:
@@ -62,7 +50,7 @@ def _series(replay: Replay) -> dict[str, list[float]]:
 
 
 def write_json(path: Path, result: Result) -> None:
-    write_text(path, json.dumps(as_json(result), indent=1, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(as_json(result), indent=1, sort_keys=True) + "\n")
 
 
 def write_plots(folder: Path, result: Result, *, prefix: str = "") -> list[Path]:

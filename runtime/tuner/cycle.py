@@ -15,13 +15,14 @@ from ruamel.yaml import YAML
 
 from infra.builders.nodepools import Target as NodePoolTarget
 from policy import PoolPolicy, parse_policy
+from runtime.atomic_file import write_atomic
 from runtime.tuner import compaction, forge, gitrepo, prtext, signals
 from runtime.tuner.decisions import CycleDecision, NoOp, apply_changes, decide
 from runtime.tuner.manifests import PolicyChange, manifest_diff, whatif_comparison
 from runtime.tuner.prometheus import fetch_snapshot
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
-from runtime.tuner.state import load_state, save_state, write_atomic
+from runtime.tuner.state import load_state, save_state
 from runtime.tuner.yamledit import edit_scalars
 from runtime.vllm import ModelConfigError, ModelSpec
 from runtime.vllm.model_spec import parse_model_config

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from runtime.atomic_file import write_atomic
 from runtime.tuner.decisions import TunerState
 
 
@@ -28,18 +27,4 @@ def load_state(path: Path) -> TunerState:
 
 
 def save_state(path: Path, state: TunerState) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(asdict(state), indent=2, sort_keys=True) + "\n")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write a temp file beside ``path`` and rename it over: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -25,7 +25,7 @@ from policy import PoolPolicy
 from policy.base import duration_seconds
 from runtime.kvcache.preservation.retention import REASONS, Plan, plan
 from runtime.kvcache.preservation.status import TierStatus, read_status, replicas_dir
-from runtime.kvcache.preservation.volume import Applied, apply, scan
+from runtime.kvcache.preservation.volume import Applied, apply, mtime, scan
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class SnapshotGc:
         """Count each exited replica's record once, then delete counted ones when old."""
         current = self.own_status()
         for path in sorted(replicas_dir(self.root).glob("*")):
-            age = now - _mtime(path)
+            age = now - mtime(path)
             if path.name.endswith(COUNTED):
                 if age > reclaim_after_s:
                     path.unlink(missing_ok=True)
@@ -234,10 +234,3 @@ class _TierStatusCollector(Collector):
                 "Seconds from the tier's start to its first hit.",
                 value=status.first_hit_s,
             )
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return 0.0

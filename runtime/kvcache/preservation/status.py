@@ -10,12 +10,11 @@ flush, which the replica cannot report itself once it has exited.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from runtime.atomic_file import write_atomic
 from runtime.kvcache.preservation.identity import STATE_DIR
 
 POD_ENV = "POD_NAME"
@@ -70,16 +69,8 @@ def status_path(root: str | Path, status: TierStatus) -> Path:
 
 
 def write_status(path: Path, status: TierStatus) -> None:
-    """Replace the record at ``path`` atomically (temp file in the same directory, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(status.model_dump_json())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Replace the record at ``path`` whole."""
+    write_atomic(path, status.model_dump_json())
 
 
 def read_status(path: Path) -> TierStatus | None:

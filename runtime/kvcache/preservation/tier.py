@@ -36,6 +36,7 @@ from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
+from runtime.atomic_file import write_atomic
 from runtime.kvcache.preservation.identity import IDENTITY_FILE, tier_dir_name
 from runtime.kvcache.preservation.status import (
     FIRST_MINUTE_S,
@@ -274,6 +275,4 @@ class SnapshotTier(FileSystemTierManager):
 
 def _write_identity(path: Path, fields: Mapping[str, object]) -> None:
     """Replace the identity file (every replica of one identity writes the same bytes)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(fields, sort_keys=True, indent=2, default=str))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(fields, sort_keys=True, indent=2, default=str))

@@ -48,7 +48,7 @@ def scan(root: Path) -> Scan:
         found = list(_files(Path(top.path), top.name))
         files += found
         identity = next((f for f in found if f.path.endswith(os.sep + IDENTITY_FILE)), None)
-        newest = max((f.mtime for f in found), default=_mtime(top.path))
+        newest = max((f.mtime for f in found), default=mtime(top.path))
         heartbeats[top.name] = identity.mtime if identity else newest
     return Scan(tuple(files), heartbeats)
 
@@ -104,7 +104,8 @@ def _files(path: Path, tier: str) -> Iterator[TierFile]:
             continue
 
 
-def _mtime(path: str) -> float:
+def mtime(path: str | Path) -> float:
+    """``path``'s mtime; 0 (the epoch: oldest) when it is gone."""
     try:
         return os.stat(path).st_mtime
     except FileNotFoundError:
