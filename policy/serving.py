@@ -208,14 +208,14 @@ class Serving(StrictModel):
     """Traffic classes; default ``production`` (100, production pods) and ``batch`` (-10,
     flex pods)."""
     retry_after_s: int | None = Field(None, ge=1, le=3600)
-    """``Retry-After`` (seconds) the routes of sheddable classes set on their responses, so a
-    client refused at saturation (the picker's 429, or 503 while a pool has no ready member)
-    knows when to retry: neither endpoint picker sets the header itself. Rendered as the
-    HTTPRoute's ``ResponseHeaderModifier`` filter, which Gateway API marks Extended: a gateway
-    without it rejects the route, and one may not apply it to the picker's immediate
-    responses, so it is off by default; check with curl before relying on it
-    (docs/serving.md, "What a client gets"). Every response of those routes carries it,
-    2xx included, where clients ignore it."""
+    """``Retry-After`` (seconds) the routes of sheddable classes set on their responses:
+    rendered as the HTTPRoute's ``ResponseHeaderModifier`` filter, which Gateway API marks
+    Extended (a gateway without it rejects the route), so it is off by default. It reaches what
+    the instances answer; on Envoy-based gateways it does not reach the endpoint picker's own
+    429 at saturation, an immediate response that Envoy sends as a local reply without route
+    response headers, and neither picker sets the header itself (docs/serving.md, "What a
+    client gets"). Every response of those routes carries it, 2xx included, where clients
+    ignore it."""
 
     def objective_name(self, model: ServedModel, traffic_class: TrafficClass) -> str:
         """The InferenceObjective (and plain-mode Service) of one class of one model."""

@@ -94,11 +94,20 @@ DRAIN_SIZE_LIMIT = "1Mi"
 """``sizeLimit`` of the marker's ``emptyDir`` (memory-backed: one empty file)."""
 
 HEALTH_CHECK_PY = (
-    "import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=float(sys.argv[2]))"
+    "import _socket as n,sys;a=sys.argv;c=n.socket(n.AF_INET,n.SOCK_STREAM);"
+    "c.settimeout(float(a[3]));c.connect((a[1],int(a[2])));"
+    f'c.sendall(b"GET {HEALTH_PATH} HTTP/1.1\\r\\nHost: localhost\\r\\n'
+    'Connection: close\\r\\n\\r\\n");'
+    'r=b"".join(iter(lambda:c.recv(4096),b""));'
+    'sys.exit(not(r[:5]==b"HTTP/" and r[9:10]==b"2"))'
 )
 """The readiness probe's HTTP check, in the image's own python3 (the vLLM image has python3 and
-sh; curl and wget are not guaranteed): exits 0 on a 2xx from ``/health``, non-zero otherwise
-(urlopen raises on 4xx/5xx, refused connections and timeouts)."""
+sh; curl and wget are not guaranteed): exits 0 on a 2xx status line from ``/health``,
+non-zero otherwise (refused connections and timeouts raise). One raw HTTP/1.1 request on the
+interpreter's built-in ``_socket`` rather than ``urllib`` or ``socket``: the probe runs every
+second on every flex pod, and importing ``urllib.request`` costs ~6x the interpreter's
+start in CPU, ``socket`` ~2x, ``_socket`` nearly nothing (bench/readiness_probe.py,
+docs/benchmarks.md)."""
 
 LIVENESS_PERIOD_S = 10
 """How often liveness is probed."""
@@ -149,8 +158,7 @@ def readiness_command(port: int, timeout_s: int) -> list[str]:
     need a sidecar in every pod (gpupool's sidecars run only with compaction or preservation)
     and a second process whose failure takes a healthy vLLM out of routing. ``python3 -I -S``
     skips the image's site packages and environment: the stdlib's urllib is all it needs."""
-    url = f"http://127.0.0.1:{port}{HEALTH_PATH}"
-    check = f"exec python3 -I -S -c '{HEALTH_CHECK_PY}' {url} {timeout_s}"
+    check = f"exec python3 -I -S -c '{HEALTH_CHECK_PY}' 127.0.0.1 {port} {timeout_s}"
     return ["sh", "-c", f"test ! -e {DRAIN_MARKER} && {check}"]
 
 
