@@ -78,7 +78,10 @@ def shrink(
     token_file: TokenOpt = Path(TOKEN_PATH),
     policy: PolicyOpt = DEFAULT_POLICY,
 ) -> None:
-    """Compact below NUM_BLOCKS, cut the pool to it and release the memory."""
+    """Compact below NUM_BLOCKS, cut the pool to it and release the memory.
+
+    The plugin refuses a NUM_BLOCKS below the shrink floor (blocks requests hold + one
+    max_model_len sequence + the null block) and says what the floor is."""
     _call(socket, token_file, "shrink", num_blocks=num_blocks, limits=_limits(policy))
 
 

@@ -1,4 +1,5 @@
-"""Bounds of one compaction request, sent by the sidecar with its policy's values.
+"""Bounds of one compaction request, sent by the sidecar with its policy's values, and the
+shrink floor both ends enforce.
 
 Kept free of vLLM imports: the CLI and the sidecar build limits without loading the engine.
 Kept free of ``policy`` at run time too: the plugin imports this module inside the stock vLLM
@@ -34,3 +35,19 @@ class CompactionLimits:
     @classmethod
     def from_policy(cls, kv: KvCache) -> CompactionLimits:
         return cls(max_moves=kv.compaction_max_moves, saturation_usage=kv.page_table_max_usage)
+
+
+def sequence_blocks(max_model_len: int, block_size: int) -> int:
+    """Blocks one ``max_model_len`` sequence needs (a sequence that ends inside a block
+    needs that block)."""
+    return -(-max_model_len // block_size)
+
+
+def shrink_floor(*, held_blocks: int, max_model_len: int, block_size: int) -> int:
+    """Smallest pool a shrink may leave: the blocks requests hold, one ``max_model_len``
+    sequence and the null block, so a full-length request can always start after a shrink.
+
+    The one copy of the rule: the sidecar raises a shrink it was asked for to it
+    (``sidecar.triggers``), the plugin refuses any shrink below it (``engine_control``),
+    whoever sent it (the sidecar, ``gpupool kv-sidecar shrink N``, any socket client)."""
+    return held_blocks + sequence_blocks(max_model_len, block_size) + 1

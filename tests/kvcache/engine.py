@@ -35,25 +35,38 @@ def limits(max_moves: int = 4096, saturation_usage: float = 0.8) -> dict[str, An
     return CompactionLimits(max_moves=max_moves, saturation_usage=saturation_usage).__dict__
 
 
-def start_engine(model: Path, total_blocks: int) -> Engine:
+def start_engine(
+    model: Path,
+    total_blocks: int | None,
+    *,
+    gpu_memory_utilization: float | None = None,
+    **llm_kwargs: Any,
+) -> Engine:
     """A real in-process engine on ``model`` (random weights) with the plugin registered:
-    32-token blocks, ``total_blocks`` of them, eager mode, seed 0, weights redrawn wide."""
+    32-token blocks, ``total_blocks`` of them, eager mode, seed 0, weights redrawn wide.
+
+    ``total_blocks=None`` lets vLLM size the pool from ``gpu_memory_utilization`` (a GPU
+    check runs a full device); ``llm_kwargs`` add to or replace the other ``LLM`` arguments
+    (e.g. ``hf_overrides``)."""
     from vllm import LLM
 
     from runtime.kvcache.in_vllm import plugin
 
     plugin.register()  # vLLM loads plugins once per process; another test may have been first
-    llm = LLM(
-        model=str(model),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        block_size=32,
-        max_model_len=512,
-        max_num_seqs=32,
-        enforce_eager=True,
-        num_gpu_blocks_override=total_blocks,
-        seed=0,
-    )
+    arguments: dict[str, Any] = {
+        "model": str(model),
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "block_size": 32,
+        "max_model_len": 512,
+        "max_num_seqs": 32,
+        "enforce_eager": True,
+        "num_gpu_blocks_override": total_blocks,
+        "seed": 0,
+    }
+    if gpu_memory_utilization is not None:
+        arguments["gpu_memory_utilization"] = gpu_memory_utilization
+    llm = LLM(**(arguments | llm_kwargs))
     engine = Engine(llm)
     engine.redraw_weights()
     return engine

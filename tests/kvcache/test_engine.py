@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,7 @@ def test_saturated_compaction_is_deferred_and_passes_are_bounded(
 
     def hook(step: int) -> None:
         state = engine.control("status")
-        if state["num_waiting"] > 0 and "deferred" not in seen:
+        if state["blocks_short"] > 0 and "deferred" not in seen:
             before = [id(b) for b in engine.pool.blocks]
             seen["deferred"] = engine.control("compact", limits=limits())
             assert [id(b) for b in engine.pool.blocks] == before  # nothing touched
@@ -151,30 +152,101 @@ def test_saturated_compaction_is_deferred_and_passes_are_bounded(
     out = engine.run(PROMPTS, hook)
     engine.control("grow")
     assert seen["deferred"]["status"] == "deferred"
-    assert "waiting" in seen["deferred"]["reason"]
+    assert "waiting requests lacks" in seen["deferred"]["reason"]
     assert seen["bounded"]["status"] == "done" and seen["bounded"]["blocks_moved"] == 2
     assert {i: f.tokens for i, f in out.items()} == {i: f.tokens for i, f in reference.items()}
 
 
-def test_shrink_below_what_requests_hold_is_refused_and_changes_nothing(
-    engine: Engine, reference: dict[int, Finished]
+def test_a_shrink_below_the_floor_is_refused_through_the_socket_and_changes_nothing(
+    engine: Engine, reference: dict[int, Finished], control_token: tuple[Path, str, str]
 ) -> None:
-    refused: list[dict[str, Any]] = []
+    """The floor (held blocks + one max_model_len sequence + the null block) holds for any
+    client of the control socket (``gpupool kv-sidecar shrink N`` is one), not only for the
+    sidecar's own requests: refused with the floor in the reason, nothing evicted or cut."""
+    socket, _, token = control_token
+    client = ControlClient(socket, token)
+    refused: list[tuple[int, dict[str, Any]]] = []
 
     def hook(step: int) -> None:
         if step == 5:
             before = engine.control("status")
             assert before["held_blocks"] > 0
-            refused.append(
-                engine.control("shrink", num_blocks=before["held_blocks"], limits=limits())
-            )
-            after = engine.control("status")
-            assert after["usable_blocks"] == before["usable_blocks"] == TOTAL_BLOCKS
-            assert after["occupied_blocks"] == before["occupied_blocks"]  # no cache evicted
+            floor = before["held_blocks"] + 512 // 32 + 1
+            for num_blocks in (floor - 1, before["held_blocks"]):
+                outcome = client.call("shrink", num_blocks=num_blocks, limits=limits())
+                refused.append((floor, outcome))
+                after = engine.control("status")
+                assert after["usable_blocks"] == before["usable_blocks"] == TOTAL_BLOCKS
+                assert after["occupied_blocks"] == before["occupied_blocks"]  # no cache evicted
 
     out = engine.run(PROMPTS, hook)
-    assert refused[0]["status"] == "refused" and "hold" in refused[0]["reason"]
+    assert len(refused) == 2
+    for floor, outcome in refused:
+        assert outcome["status"] == "refused", outcome
+        assert f"below the floor of {floor} blocks: requests hold {floor - 17}" in outcome["reason"]
     assert {i: f.tokens for i, f in out.items()} == {i: f.tokens for i, f in reference.items()}
+
+
+def _run_at_once(
+    engine: Engine, prompts: list[list[int]], hook: Any = None, max_tokens: int = 8
+) -> dict[int, list[int]]:
+    """Greedy generation with every request added before the first step (more of them than
+    sequence slots), from a scattered pool full of noise; ``hook(step)`` after every step."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    assert engine.core.reset_prefix_cache()
+    engine.scatter_free_blocks()
+    engine.fill_kv_with_noise()
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    for i, prompt in enumerate(prompts):
+        engine.engine.add_request(f"slots-{i}", TokensPrompt(prompt_token_ids=prompt), params)
+    done: dict[int, list[int]] = {}
+    step = 0
+    while engine.engine.has_unfinished_requests():
+        assert step < 2000, "generation did not finish"
+        for out in engine.engine.step():
+            if out.finished:
+                done[int(out.request_id.removeprefix("slots-"))] = list(out.outputs[0].token_ids)
+        step += 1
+        if hook is not None:
+            hook(step)
+    return done
+
+
+def test_requests_waiting_only_for_sequence_slots_do_not_defer_compaction(
+    engine: Engine,
+) -> None:
+    """40 requests of 16 blocks for 32 sequence slots (``max_num_seqs``) on a 4096-block
+    pool: requests wait although blocks are free, and a compaction runs (and moves blocks)
+    mid-generation with identical outputs; a shrink to the floor, where the waiting
+    requests together would not fit, is deferred and changes nothing."""
+    rng = random.Random(31)
+    prompts = [[rng.randrange(3, 500) for _ in range(470)] for _ in range(40)]
+    reference = _run_at_once(engine, prompts)
+    seen: dict[str, dict[str, Any]] = {}
+
+    def hook(step: int) -> None:
+        _checked(engine)
+        state = engine.control("status")
+        if "compact" in seen or state["num_waiting"] == 0:
+            return
+        assert state["blocks_short"] == 0 and state["usage"] < 0.8, state
+        seen["state"] = state
+        floor = state["held_blocks"] + 512 // 32 + 1
+        before = [id(b) for b in engine.pool.blocks]
+        seen["shrink"] = engine.control("shrink", num_blocks=floor, limits=limits())
+        assert [id(b) for b in engine.pool.blocks] == before  # nothing touched
+        seen["compact"] = engine.control("compact", limits=limits())
+        _checked(engine)
+
+    out = _run_at_once(engine, prompts, hook)
+    assert seen["state"]["num_waiting"] >= 40 - 32, seen["state"]
+    compact, shrink = seen["compact"], seen["shrink"]
+    assert compact["status"] == "done" and compact["blocks_moved"] > 0, compact
+    assert shrink["status"] == "deferred", shrink
+    assert "waiting requests would lack" in shrink["reason"], shrink
+    assert out == reference
 
 
 def test_control_socket_rejects_a_wrong_token(

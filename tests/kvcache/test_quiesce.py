@@ -128,6 +128,11 @@ def test_a_full_batch_queue_drains_for_compact_shrink_and_grow_and_scheduling_re
                 in_flight.append(len(core.batch_queue))
             if step == 3:  # a utility call does not drain: deferred while a batch is in flight
                 direct.append(engine.control("compact", limits=limits()))
+            if step == 7:  # a shrink too, and it changes nothing
+                before = [id(b) for b in engine.pool.blocks]
+                direct.append(engine.control("shrink", num_blocks=512, limits=limits()))
+                assert [id(b) for b in engine.pool.blocks] == before
+                assert engine.runner.kv_caches[0].shape[0] == len(before)
             if step == 11:  # a grow too (it swaps the buffer the batch in flight writes)
                 direct.append(engine.control("grow"))
             if step in requests:
@@ -144,8 +149,9 @@ def test_a_full_batch_queue_drains_for_compact_shrink_and_grow_and_scheduling_re
     # under load a batch is in flight at every step boundary: without the drain, every
     # request would be deferred
     assert min(in_flight) >= 1
-    assert [d["status"] for d in direct] == ["deferred", "deferred"], direct
+    assert [d["status"] for d in direct] == ["deferred"] * 3, direct
     assert all("1 batches in flight" in d["reason"] for d in direct)
+    assert all("retry through the control socket" in d["reason"] for d in direct)
     results = {step: job.result for step, job in jobs.items()}
     assert all(r is not None and r["status"] == "done" for r in results.values()), results
     assert results[9] is not None and results[9]["usable_blocks"] == 512

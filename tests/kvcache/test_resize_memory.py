@@ -160,6 +160,59 @@ def test_shrink_and_grow_mid_generation_peak_at_one_layer_and_keep_outputs(
     assert (shrink["status"], grow["status"]) == ("done", "done"), seen
     assert shrink_peak is not None and shrink_peak < 1.5 * HALF * LAYER_BLOCK_BYTES
     assert grow_peak is not None and grow_peak < 1.5 * HALF * LAYER_BLOCK_BYTES
+    # the outcome carries the worker's own measure of the resize (the pack before is not in it)
+    for outcome in (shrink, grow):
+        assert 0 < outcome["peak_extra_bytes"] < 1.5 * HALF * LAYER_BLOCK_BYTES, outcome
+
+
+def _gauge(engine: Engine, name: str) -> float:
+    """One unlabelled gauge of the plugin's metrics, as the control request serves them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(engine.control("metrics")["text"]):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise AssertionError(f"no {name} in the plugin's metrics")
+
+
+def test_a_resize_outcome_and_gauge_carry_the_largest_peak_over_the_ranks(
+    engine_at_full_size: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real worker's resize answered as three ranks would with tensor parallelism: the
+    real one, one that cannot measure (None) and one that needed 1 MiB more. The shrink's
+    outcome and ``gpupool_kv_resize_peak_extra_bytes`` carry the largest; a grow after it,
+    on the real worker alone, its own measure (below 1.5 layers of the smaller pool)."""
+    engine = engine_at_full_size
+    executor = engine.core.model_executor
+    real = executor.collective_rpc
+    peaks: list[int] = []
+
+    def three_ranks(method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        results: list[Any] = real(method, *args, **kwargs)
+        if method != "gpupool_kv_resize":
+            return results
+        (mine,) = results
+        peaks.append(mine["peak_extra_bytes"])
+        more = mine["peak_extra_bytes"] + MIB
+        return [mine, {**mine, "peak_extra_bytes": None}, {**mine, "peak_extra_bytes": more}]
+
+    half_layer = HALF * LAYER_BLOCK_BYTES
+    with plugin._lock(engine.core):
+        assert engine.core.reset_prefix_cache()
+        engine.fill_kv_with_noise()  # every page resident, as in a used pool
+        monkeypatch.setattr(executor, "collective_rpc", three_ranks)
+        shrunk = engine.control("shrink", num_blocks=HALF, limits=limits())
+        monkeypatch.undo()
+        shrunk_gauge = _gauge(engine, "gpupool_kv_resize_peak_extra_bytes")
+        grown = engine.control("grow")
+        grown_gauge = _gauge(engine, "gpupool_kv_resize_peak_extra_bytes")
+    (real_peak,) = peaks
+    assert shrunk["status"] == "done" and grown["status"] == "done", (shrunk, grown)
+    assert 0 < real_peak < 1.5 * half_layer
+    assert shrunk["peak_extra_bytes"] == shrunk_gauge == real_peak + MIB
+    assert 0 < grown["peak_extra_bytes"] < 1.5 * half_layer
+    assert grown_gauge == grown["peak_extra_bytes"]
 
 
 @pytest.mark.parametrize(("start", "target"), [(TOTAL_BLOCKS, HALF), (HALF, TOTAL_BLOCKS)])

@@ -7,6 +7,8 @@ did not succeed. Shrink and grow resize every worker before the scheduler's pool
 shrink's workers still hold every occupied block, a grow's ids exist before they are used).
 A pass is transactional: the plan is checked first, and a worker that fails a relocation or
 resize has every rank put back while the scheduler stays as it was (status ``failed``).
+A shrink below the floor (``limits.shrink_floor``: the blocks requests hold, one
+``max_model_len`` sequence and the null block) is refused whoever asked for it.
 Callers run it between steps on the engine's thread (``plugin.on_engine_thread``).
 An engine the plugin cannot handle safely (``support``: a KV connector, several KV cache
 groups, shared KV) has every compact, shrink and grow refused with the reason.
@@ -15,16 +17,16 @@ groups, shared KV) has every compact, shrink and grow refused with the reason.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from runtime.kvcache.in_vllm import scheduler_side
 from runtime.kvcache.in_vllm.metrics import CompactionMetrics
-from runtime.kvcache.in_vllm.saturation import deferral_reason
+from runtime.kvcache.in_vllm.saturation import deferral_reason, shrink_deferral_reason
 from runtime.kvcache.in_vllm.support import engine_refusal
-from runtime.kvcache.limits import CompactionLimits, Strategy
+from runtime.kvcache.limits import CompactionLimits, Strategy, sequence_blocks, shrink_floor
 from runtime.kvcache.planner import (
     Move,
     PlanError,
@@ -75,6 +77,9 @@ class Outcome:
     usable_blocks: int = 0
     released_bytes: int = 0
     released_measured_bytes: int = 0
+    peak_extra_bytes: int | None = None
+    """A resize's: the most any rank held beyond the larger of its old and new pool
+    (``worker_side.ResizeResult``); None without a resize or where no rank can measure it."""
 
 
 class EngineController:
@@ -121,8 +126,11 @@ class EngineController:
 
     def _in_flight(self) -> str | None:
         """Why nothing may touch the pool now: batches still run on the old ids and buffer.
-        The control socket holds new batches back until the queue drains (``plugin``), so
-        this stops only a direct utility call, or a pass the drain bound gave up on."""
+        The control socket holds new batches back until the queue drains (``plugin.admit``),
+        so this stops only a direct call of the ``gpupool_kv`` utility, which answers at once
+        instead of draining. Nothing in gpupool makes one: the sidecar and the CLI use the
+        socket; only the tests and ``bench/resize.py`` call the utility, on an in-process
+        engine between its steps."""
         in_flight = len(getattr(self.core, "batch_queue", None) or ())
         if in_flight:
             return (
@@ -131,15 +139,45 @@ class EngineController:
             )
         return None
 
-    def _deferral(self, limits: CompactionLimits) -> str | None:
+    def _deferral(self, limits: CompactionLimits, shrink_to: int | None = None) -> str | None:
+        """Why a compaction (or, with ``shrink_to``, a shrink to that size) must wait now:
+        batches in flight, or saturation (``saturation``)."""
         in_flight = self._in_flight()
         if in_flight is not None:
             return in_flight
         state = self.status()
-        return deferral_reason(
+        if shrink_to is None:
+            return deferral_reason(
+                num_waiting=state["num_waiting"],
+                blocks_short=state["blocks_short"],
+                usage=state["usage"],
+                saturation_usage=limits.saturation_usage,
+            )
+        return shrink_deferral_reason(
             num_waiting=state["num_waiting"],
+            blocks_short=state["blocks_short"],
+            blocks_short_after=scheduler_side.queue_blocks_short(self.core.scheduler, shrink_to),
+            num_blocks=shrink_to,
             usage=state["usage"],
             saturation_usage=limits.saturation_usage,
+        )
+
+    def _below_floor(self, num_blocks: int) -> str | None:
+        """Why a shrink to ``num_blocks`` is refused: it is below the shrink floor."""
+        scheduler = self.core.scheduler
+        held = scheduler_side.occupancy(self._manager().block_pool).held
+        floor = shrink_floor(
+            held_blocks=held,
+            max_model_len=scheduler.max_model_len,
+            block_size=scheduler.block_size,
+        )
+        if num_blocks >= floor:
+            return None
+        sequence = sequence_blocks(scheduler.max_model_len, scheduler.block_size)
+        return (
+            f"shrink target {num_blocks} is below the floor of {floor} blocks: requests hold "
+            f"{held}, one max_model_len sequence ({scheduler.max_model_len} tokens) needs "
+            f"{sequence}, and the null block 1; nothing changed"
         )
 
     def deferred(self, reason: str) -> Outcome:
@@ -202,22 +240,23 @@ class EngineController:
     def shrink(self, num_blocks: int, limits: CompactionLimits) -> Outcome:
         """Pack below ``num_blocks``, then cut the pool and its memory to ``num_blocks``.
 
-        Prefix-cached blocks that no longer fit are evicted, least recently used first;
-        blocks held by requests must fit, or the shrink is refused.
+        Prefix-cached blocks that no longer fit are evicted, least recently used first. A
+        target below the shrink floor (the blocks requests hold, one ``max_model_len``
+        sequence, the null block) is refused, not raised to the floor: whoever asked gets
+        what they asked for or the reason why not, with the floor in it.
         """
         started = time.perf_counter()
         current = self._manager().block_pool.num_gpu_blocks
         if not 2 <= num_blocks <= current:
             self.metrics.compactions.labels("refused").inc()
             return self._outcome("refused", f"shrink target {num_blocks} not in [2, {current}]")
-        reason = self._deferral(limits)
+        reason = self._below_floor(num_blocks)
+        if reason is not None:
+            self.metrics.compactions.labels("refused").inc()
+            return self._outcome("refused", reason)
+        reason = self._deferral(limits, shrink_to=num_blocks)
         if reason is not None:
             return self.deferred(reason)
-        held = scheduler_side.occupancy(self._manager().block_pool).held
-        if held >= num_blocks:
-            self.metrics.compactions.labels("refused").inc()
-            reason = f"requests hold {held} blocks; a pool of {num_blocks} cannot take them"
-            return self._outcome("refused", reason)
         scheduler_side.evict_cached(self._manager().block_pool, num_blocks - 1)
         packed = self.compact(limits, watermark=num_blocks)
         if packed.status in ("deferred", "refused", "failed"):
@@ -236,13 +275,14 @@ class EngineController:
         self.metrics.resizes.labels("shrink").inc()
         return self._resized(resized, started, packed)
 
-    def _resize_workers(self, num_blocks: int, current: int) -> dict[str, int]:
-        """Every rank re-binds to ``num_blocks`` before the scheduler's pool changes; if one
-        fails, every rank goes back to ``current`` (the blocks beyond the smaller size are
-        free, so nothing is lost) and the scheduler's pool stays as it was."""
+    def _resize_workers(self, num_blocks: int, current: int) -> list[dict[str, Any]]:
+        """Every rank re-binds to ``num_blocks`` before the scheduler's pool changes (their
+        ``ResizeResult``s, rank order); if one fails, every rank goes back to ``current``
+        (the blocks beyond the smaller size are free, so nothing is lost) and the
+        scheduler's pool stays as it was."""
         executor = self.core.model_executor
         try:
-            return dict(executor.collective_rpc(RESIZE_RPC, args=(num_blocks,))[0])
+            return [dict(rank) for rank in executor.collective_rpc(RESIZE_RPC, args=(num_blocks,))]
         except Exception as failure:
             try:
                 executor.collective_rpc(RESIZE_RPC, args=(current,))
@@ -280,14 +320,22 @@ class EngineController:
         self.metrics.resizes.labels("grow").inc()
         return self._resized(resized, started, Outcome("done"))
 
-    def _resized(self, resized: dict[str, int], started: float, packed: Outcome) -> Outcome:
+    def _resized(self, ranks: list[dict[str, Any]], started: float, packed: Outcome) -> Outcome:
+        """The outcome of a resize every rank did: allocation sizes and the measured release
+        as rank 0 reports them (every rank holds its own equal share), the peak extra
+        memory as the largest any rank reports (what the tightest device needed)."""
+        resized = ranks[0]
         if self.original_bytes is None:
             self.original_bytes = resized["old_bytes"]
         pause = time.perf_counter() - started
+        peaks = [int(r["peak_extra_bytes"]) for r in ranks if r["peak_extra_bytes"] is not None]
+        peak = max(peaks) if peaks else None
         self.metrics.pause_seconds.observe(pause)
         self.metrics.released_bytes.set(self.original_bytes - resized["new_bytes"])
         self.metrics.released_measured_bytes.set(resized["released_bytes"])
-        return self._outcome(
+        if peak is not None:
+            self.metrics.resize_peak_extra_bytes.set(peak)
+        outcome = self._outcome(
             "done",
             "",
             packed.blocks_moved,
@@ -296,6 +344,7 @@ class EngineController:
             self.original_bytes - resized["new_bytes"],
             resized["released_bytes"],
         )
+        return replace(outcome, peak_extra_bytes=peak)
 
     def _refresh_gauges(self) -> tuple[float, int]:
         state = self.status()

@@ -52,3 +52,9 @@ class CompactionMetrics:
             "Memory the last resize measurably returned (RSS on CPU, reserved bytes on CUDA).",
             registry=registry,
         )
+        self.resize_peak_extra_bytes = Gauge(
+            "gpupool_kv_resize_peak_extra_bytes",
+            "Most memory any rank held during the last resize beyond the larger of its old "
+            "and new pool (one layer where a whole new buffer would need the smaller pool).",
+            registry=registry,
+        )

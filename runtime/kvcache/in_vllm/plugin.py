@@ -5,7 +5,10 @@ vLLM loads general plugins in every one of its processes; this one does nothing 
 
 Scheduler side (EngineCore process):
   * ``EngineCore.gpupool_kv(op, args)``: a utility method (front ends reach it with
-    ``engine_core.call_utility("gpupool_kv", op, args)``; utilities run between steps);
+    ``engine_core.call_utility("gpupool_kv", op, args)``; utilities run between steps). It
+    does not drain: a compact, shrink or grow while batches are in flight is deferred with
+    the reason. Nothing in gpupool calls it (the sidecar and the CLI use the socket below);
+    the tests and ``bench/resize.py`` do, on an in-process engine;
   * after ``EngineCore._initialize_kv_caches``: when ``GPUPOOL_KV_SOCKET`` is set (read per
     engine), the control socket (``control.ControlServer``), token from
     ``GPUPOOL_KV_TOKEN_FILE``. Its requests never run on the socket's thread: in a

@@ -62,21 +62,48 @@ def occupancy(pool: BlockPool) -> Occupancy:
     return Occupancy(occupied, free, pool.num_gpu_blocks, held)
 
 
+def _blocks_needed(scheduler: Any, request: Any) -> int:
+    """Blocks ``request`` needs for its whole sequence (up to ``max_model_len``)."""
+    tokens = min(request.num_tokens, scheduler.max_model_len)
+    return int(cdiv(tokens, scheduler.block_size))
+
+
 def blocks_short(scheduler: Any) -> int:
     """Blocks the next waiting request (in the scheduler's order; a preempted one is put back
     first) lacks to be admitted with its whole sequence now; 0 when nothing waits or it fits,
     e.g. when it only waits for a sequence slot or the step's token budget. The free count
     includes prefix-cached free blocks (the scheduler evicts them on demand) less the
     admission watermark; a cached prefix the request would reuse counts on both sides, so
-    the figure is an upper bound only where another request holds that prefix."""
+    the figure is an upper bound only where another request holds that prefix.
+
+    vLLM 0.32's scheduler does not record why a request waits. Its admission loop
+    (``Scheduler.schedule``) stops at ``max_num_active_reqs`` (``max_num_seqs``) or an
+    exhausted token budget before it asks ``KVCacheManager.allocate_slots`` for blocks, and
+    stops at the first request that call cannot serve (free blocks less the watermark below
+    what the request needs: its full sequence with ``scheduler_reserve_full_isl``, the
+    default); this replays that check for the request the next step tries first. Requests
+    that already hold blocks (``kv_holding_waiting``: async KV loads, which the plugin
+    refuses, and streaming sessions) are tried before it and are not counted."""
     if not scheduler.waiting:
         return 0
-    request = scheduler.waiting.peek_request()
     manager = scheduler.kv_cache_manager
-    tokens = min(request.num_tokens, scheduler.max_model_len)
-    needed = cdiv(tokens, scheduler.block_size)
+    needed = _blocks_needed(scheduler, scheduler.waiting.peek_request())
     available: int = manager.block_pool.get_num_free_blocks() - manager.watermark_blocks
     return max(0, needed - available)
+
+
+def queue_blocks_short(scheduler: Any, num_blocks: int) -> int:
+    """Blocks the waiting requests together would lack, each with its whole sequence, in a
+    pool of ``num_blocks`` where the blocks requests hold now stay held (every other block
+    free, less the admission watermark that pool would have); 0 when they would all fit.
+    Requests sharing a prefix count it each, so this errs towards lacking."""
+    needed = sum(_blocks_needed(scheduler, request) for request in scheduler.waiting)
+    if not needed:
+        return 0
+    pool = scheduler.kv_cache_manager.block_pool
+    held = sum(1 for block in pool.blocks[1:] if block.ref_cnt > 0)
+    watermark = int(scheduler.scheduler_config.watermark * num_blocks)
+    return max(0, needed - (num_blocks - 1 - held - watermark))
 
 
 def evict_cached(pool: BlockPool, max_occupied: int) -> int:

@@ -16,13 +16,16 @@ Triggers (thresholds from the policy), first match wins:
     still after the grow rule and still at most once per ``kv_cache.compaction_min_interval``
     (a deferred request is dropped, not kept: the tuner asks again while the condition holds).
     Saturation is the plugin's rule: it defers a compaction at or above
-    ``kv_cache.page_table_max_usage`` (``limits.CompactionLimits``).
+    ``kv_cache.page_table_max_usage`` (``limits.CompactionLimits``) or while the next waiting
+    request lacks KV blocks (``in_vllm.saturation``).
 
 Shrink target: the blocks requests hold plus the prefix cache kept (at most
 ``kv_cache.shrink_prefix_cache_share`` of the starting pool) fill
 ``kv_cache.shrink_target_usage`` of the pool, and never less than the floor: the blocks
 requests hold plus one ``max_model_len`` sequence (and the null block), so a full-length
-request can always start.
+request can always start (``limits.shrink_floor``; the plugin refuses any shrink below it,
+so a shrink raised to the floor from a status that is a poll old can still be refused when
+requests took blocks since, and is retried at the next poll).
 Fail closed: without a usable sample or plugin status nothing is done.
 """
 
@@ -35,6 +38,7 @@ from typing import Any, Literal
 
 from policy.base import duration_seconds
 from policy.kvcache import KvCache
+from runtime.kvcache import limits
 
 Action = Literal["none", "compact", "shrink", "grow"]
 
@@ -136,9 +140,11 @@ def kept_cache(pool: PoolState, share: float) -> int:
 
 
 def shrink_floor(pool: PoolState) -> int:
-    """Smallest pool a shrink may leave: the blocks requests hold, one ``max_model_len``
-    sequence and the null block."""
-    return pool.held_blocks + math.ceil(pool.max_model_len / pool.block_size) + 1
+    """Smallest pool a shrink may leave (``limits.shrink_floor``, the rule the plugin also
+    enforces): the blocks requests hold, one ``max_model_len`` sequence and the null block."""
+    return limits.shrink_floor(
+        held_blocks=pool.held_blocks, max_model_len=pool.max_model_len, block_size=pool.block_size
+    )
 
 
 def planned_size(pool: PoolState, kv: KvCache) -> int:
