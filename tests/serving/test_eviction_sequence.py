@@ -44,12 +44,12 @@ from tests.serving.pod import Kubelet, PodCommands, pod_commands
 DISRUPTION = {
     "readiness_period_s": 1,
     "readiness_failure_threshold": 1,
-    "prestop_delay_s": 2,
+    "prestop_delay_s": 3,
     "drain_s": 30,
     "snapshot_s": 0,
     "termination_grace_s": 45,
 }
-"""A small, fast policy: readiness fails within 1 s of the marker, 2 s of preStop sleep,
+"""A small, fast policy: readiness fails within 1 s of the marker, 3 s of preStop sleep,
 30 s of drain (the in-flight generations take about 10-20 s here)."""
 
 MAX_MODEL_LEN = 1024
@@ -255,9 +255,13 @@ def test_readiness_fails_first_and_in_flight_requests_complete(pod: Pod) -> None
     stop_probing = threading.Event()
 
     def probe_loop() -> None:
+        # The kubelet's prober starts a probe every period (a ticker), not a period after the
+        # last one ended: on a loaded machine the gap would otherwise grow by each probe's run.
+        tick = time.monotonic()
         while not stop_probing.is_set():
             kubelet.probe()
-            stop_probing.wait(commands.readiness_period_s)
+            tick += commands.readiness_period_s
+            stop_probing.wait(max(0.0, tick - time.monotonic()))
 
     clients = _threads(router.run, straggler.run, probe_loop)
 
