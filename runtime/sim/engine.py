@@ -61,7 +61,14 @@ from runtime.sim.classes import (
 from runtime.sim.cluster import Cluster, Eviction, Node, Phase, Pod
 from runtime.sim.hpa import HpaSpec, HpaState, PodSample, reconcile
 from runtime.sim.production import ProductionGroup, ProductionRule, production_groups
-from runtime.sim.serving import Admission, Fleet, Requests, StepLatencies, StepResult
+from runtime.sim.serving import (
+    Admission,
+    Fleet,
+    Requests,
+    StepLatencies,
+    StepResult,
+    add_counts,
+)
 from runtime.sim.traces import ProductionTrace
 
 
@@ -349,7 +356,7 @@ def replay_fixed(
             result = fleets[name].serve(
                 now, settings.step_s, replicas[name], saturated=_shed(classes, name, saturation)
             )
-            _add(totals[name], result)
+            add_counts(totals[name], result)
             tokens += result.output_tokens
             duty += result.busy * replicas[name] * f.workload.gpus_per_replica
         pools.serve(now, settings.step_s, lent, saturation)
@@ -500,7 +507,7 @@ class _ProductionPools:
         for pool, fleet in self.fleets.items():
             replicas = lent[pool][1] / self.demand[pool].replica_gpus
             result = fleet.serve(now, dt, replicas, saturated=saturation[pool] >= 1.0)
-            _add(self.totals[pool], result)
+            add_counts(self.totals[pool], result)
 
     def close(self, fleets: Mapping[str, Fleet], settings: Settings) -> dict[str, ClassTotals]:
         """Each class's totals over the flex and production fleets at the replay's end."""
@@ -511,16 +518,6 @@ class _ProductionPools:
         return close_totals(
             self.class_totals, [*fleets.values(), *self.fleets.values()], self.plan, end
         )
-
-
-def _add(t: FleetTotals, result: StepResult) -> None:
-    t.completed += result.completed
-    t.output_tokens += result.output_tokens
-    t.prompt_tokens += result.prompt_tokens
-    t.hit_tokens += result.hit_tokens
-    t.hit_tokens_with_tier += result.hit_tokens_with_tier
-    t.hit_tokens_without_tier += result.hit_tokens_without_tier
-    t.query_tokens += result.query_tokens
 
 
 def _close(fleets: dict[str, Fleet], totals: dict[str, FleetTotals], settings: Settings) -> None:
@@ -653,7 +650,7 @@ class _PooledLoop:
                 saturated=_shed(self.plan, name, saturation),
             )
             self.flex_util[name] = result.busy
-            _add(self.totals[name], result)
+            add_counts(self.totals[name], result)
             self._after_evictions(name, now, result)
             tokens += result.output_tokens
         self.pools.serve(now, self.settings.step_s, lent, saturation)

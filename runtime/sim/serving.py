@@ -371,7 +371,7 @@ class Fleet:
         arrived = BOUNDLESS if backlog else self.arrived(now + dt)
         result = self._serve(now, dt, replicas, arrived)
         if self.admission is not None and self._pending is not None:
-            _merge(result, self._pending)
+            add_counts(result, self._pending)
             self._pending = None
         return result
 
@@ -620,12 +620,20 @@ class Fleet:
         )
 
 
-def _merge(result: StepResult, extra: StepResult) -> None:
-    """Add ``extra``'s completions and tokens to ``result`` (its duty stays)."""
-    result.completed += extra.completed
-    result.output_tokens += extra.output_tokens
-    result.prompt_tokens += extra.prompt_tokens
-    result.hit_tokens += extra.hit_tokens
-    result.hit_tokens_with_tier += extra.hit_tokens_with_tier
-    result.hit_tokens_without_tier += extra.hit_tokens_without_tier
-    result.query_tokens += extra.query_tokens
+STEP_COUNTS = (
+    "completed",
+    "output_tokens",
+    "prompt_tokens",
+    "hit_tokens",
+    "hit_tokens_with_tier",
+    "hit_tokens_without_tier",
+    "query_tokens",
+)
+"""The fields of ``StepResult`` that add up over steps and fleets (``busy`` is a share)."""
+
+
+def add_counts(into: object, step: StepResult) -> None:
+    """Add ``step``'s ``STEP_COUNTS`` to the same fields of ``into`` (a later step's result,
+    or a fleet's running totals)."""
+    for name in STEP_COUNTS:
+        setattr(into, name, getattr(into, name) + getattr(step, name))
