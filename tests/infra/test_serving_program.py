@@ -19,7 +19,7 @@ from tests.infra.policies import explicit_args
 from tests.infra.test_program import (
     RECORDER,
     FakeConfig,
-    RecordingMonitor,
+    fresh_recorder,  # noqa: F401 - autouse: test_program's recorder, emptied, per test
     identity,
     pulumi_test,
     rendered_objects,
@@ -27,14 +27,6 @@ from tests.infra.test_program import (
     unsecret,
 )
 from tests.infra.test_serving_schemas import served_policy
-
-
-@pytest.fixture(autouse=True)
-def mocks() -> None:
-    """test_program's recorder, emptied and installed for each test (others install theirs)."""
-    RECORDER.registered.clear()
-    RECORDER.retained.clear()
-    pulumi.runtime.set_mocks(RECORDER, preview=False, monitor=RecordingMonitor(RECORDER))
 
 
 def _kubernetes() -> list[tuple[str, str, dict[str, Any]]]:

@@ -233,7 +233,13 @@ def test_every_request_is_served_queued_shed_dropped_or_lost() -> None:
     assert fixed.classes["batch"].lost == 0
 
 
-def _fleet(requests: Requests, sheddable_by_class: list[bool], *, window_s: float = 30.0) -> Fleet:
+def _fleet(
+    requests: Requests,
+    sheddable_by_class: list[bool],
+    *,
+    window_s: float = 30.0,
+    backlog_window: int = 0,
+) -> Fleet:
     return Fleet.admit(
         requests,
         max_model_len=10**6,
@@ -242,6 +248,7 @@ def _fleet(requests: Requests, sheddable_by_class: list[bool], *, window_s: floa
         max_num_seqs=64,
         preservation=False,
         admission=Admission(np.array(sheddable_by_class), window_s),
+        backlog_window=backlog_window,
     )
 
 
@@ -331,16 +338,7 @@ def test_a_sheddable_backlog_is_never_shed() -> None:
     """A backlog's client resubmits what is refused: saturated or not, it keeps its window
     outstanding and nothing of it counts as shed."""
     backlog = replace(_requests([10] * 4, [0] * 4), backlog=True)
-    fleet = Fleet.admit(
-        backlog,
-        max_model_len=10**6,
-        latencies=_SlowDecode(),
-        kv_tokens=10**9,
-        max_num_seqs=64,
-        preservation=False,
-        backlog_window=16,
-        admission=Admission(np.array([True]), 30.0),
-    )
+    fleet = _fleet(backlog, [True], backlog_window=16)
     fleet.serve(0.0, 15.0, 0, saturated=True)
     assert fleet.arrived(15.0) == 16 and fleet.waiting == 16
     fleet.serve(15.0, 15.0, 2, saturated=True)
