@@ -56,6 +56,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.device_budget import Budget, say
+
 VLLM_SERIES = "0.32."
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # scheduler and worker in this process
@@ -75,26 +77,6 @@ EXTRA_GOAL_LAYERS = 1.5
 LAYER_BLOCK_BYTES = 32 * 2 * 2 * 32 * 2
 """The tiny model's bytes of one block of one layer (32 tokens x 2 KV heads x K+V x 32 x
 bf16): only to size the CPU build's KV space before the engine exists."""
-
-
-class Budget:
-    """One deadline for the whole check; a watchdog ends the process at it with the verdict,
-    since vLLM's start and steps cannot be interrupted from inside."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.start = time.monotonic()
-        self.deadline = self.start + seconds
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def spent(self) -> bool:
-        return time.monotonic() >= self.deadline
-
-
-def say(budget: Budget, message: str) -> None:
-    print(f"[{budget.elapsed():6.1f} s] {message}", flush=True)
 
 
 class Verdict:

@@ -45,6 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.device_budget import Budget, say
 from policy import load_policy
 from runtime.vllm import KvCachePlan, load_model_spec, plan_kv_cache, render_args
 from tests.harness.servers import REPO, TINY_MODEL, Server, free_port, start_vllm_server
@@ -85,25 +86,6 @@ except Exception as error:
 print(json.dumps(out))
 """
 """Run in a child so this process never creates a CUDA context beside the servers'."""
-
-
-class Budget:
-    """One deadline for the whole check; every wait takes the smaller of its own bound and
-    what is left."""
-
-    def __init__(self, seconds: float) -> None:
-        self.start = time.monotonic()
-        self.deadline = self.start + seconds
-
-    def left(self, bound: float) -> float:
-        return max(1.0, min(bound, self.deadline - time.monotonic()))
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-
-def say(budget: Budget, message: str) -> None:
-    print(f"[{budget.elapsed():6.1f} s] {message}", flush=True)
 
 
 def preconditions(timeout_s: float) -> tuple[dict[str, Any], list[str]]:
