@@ -156,7 +156,9 @@ class EngineController:
         return shrink_deferral_reason(
             num_waiting=state["num_waiting"],
             blocks_short=state["blocks_short"],
-            blocks_short_after=scheduler_side.queue_blocks_short(self.core.scheduler, shrink_to),
+            blocks_short_after=scheduler_side.queue_blocks_short(
+                self.core.scheduler, shrink_to, state["held_blocks"]
+            ),
             num_blocks=shrink_to,
             usage=state["usage"],
             saturation_usage=limits.saturation_usage,

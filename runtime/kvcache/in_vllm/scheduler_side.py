@@ -92,16 +92,15 @@ def blocks_short(scheduler: Any) -> int:
     return max(0, needed - available)
 
 
-def queue_blocks_short(scheduler: Any, num_blocks: int) -> int:
+def queue_blocks_short(scheduler: Any, num_blocks: int, held: int) -> int:
     """Blocks the waiting requests together would lack, each with its whole sequence, in a
-    pool of ``num_blocks`` where the blocks requests hold now stay held (every other block
-    free, less the admission watermark that pool would have); 0 when they would all fit.
-    Requests sharing a prefix count it each, so this errs towards lacking."""
+    pool of ``num_blocks`` where the ``held`` blocks requests hold now (``Occupancy.held``)
+    stay held (every other block free, less the admission watermark that pool would have);
+    0 when they would all fit. Requests sharing a prefix count it each, so this errs towards
+    lacking."""
     needed = sum(_blocks_needed(scheduler, request) for request in scheduler.waiting)
     if not needed:
         return 0
-    pool = scheduler.kv_cache_manager.block_pool
-    held = sum(1 for block in pool.blocks[1:] if block.ref_cnt > 0)
     watermark = int(scheduler.scheduler_config.watermark * num_blocks)
     return max(0, needed - (num_blocks - 1 - held - watermark))
 
