@@ -177,14 +177,19 @@ def start_vllm_server(
     timeout_s: float = 400,
     port: int | None = None,
     env: dict[str, str | None] | None = None,
+    cpus: Sequence[int] = (),
 ) -> Server:
     """vLLM's OpenAI server (CPU build) with ``args``; ready on /health.
 
     ``port`` must match a ``--port`` already in ``args`` (a free one is picked otherwise);
-    ``env`` entries override the defaults below; ``None`` removes a variable.
+    ``env`` entries override the defaults below; ``None`` removes a variable. ``cpus``: run
+    the server and every process it starts on these CPUs only (``taskset``), as a pod's
+    cgroup would, so that it cannot starve the test's own threads and subprocesses.
     """
     port = port or free_port()
+    pin = ["taskset", "--cpu-list", ",".join(map(str, cpus))] if cpus else []
     argv = [
+        *pin,
         sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",

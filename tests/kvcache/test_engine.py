@@ -220,7 +220,9 @@ def test_requests_waiting_only_for_sequence_slots_do_not_defer_compaction(
     """40 requests of 16 blocks for 32 sequence slots (``max_num_seqs``) on a 4096-block
     pool: requests wait although blocks are free, and a compaction runs (and moves blocks)
     mid-generation with identical outputs; a shrink to the floor, where the waiting
-    requests together would not fit, is deferred and changes nothing."""
+    requests together would not fit, is deferred and changes nothing; so is one to a pool
+    that would fit them were it not for the blocks the running requests hold (one block
+    short with them counted, room to spare without)."""
     rng = random.Random(31)
     prompts = [[rng.randrange(3, 500) for _ in range(470)] for _ in range(40)]
     reference = _run_at_once(engine, prompts)
@@ -236,6 +238,12 @@ def test_requests_waiting_only_for_sequence_slots_do_not_defer_compaction(
         floor = state["held_blocks"] + 512 // 32 + 1
         before = [id(b) for b in engine.pool.blocks]
         seen["shrink"] = engine.control("shrink", num_blocks=floor, limits=limits())
+        scheduler = engine.core.scheduler
+        queued = sum(-(-r.num_tokens // scheduler.block_size) for r in scheduler.waiting)
+        assert scheduler.scheduler_config.watermark == 0  # else the pool below keeps it free
+        one_short = queued + state["held_blocks"]  # + the null block would be an exact fit
+        assert one_short >= floor and state["held_blocks"] > 1  # not refused; held decides
+        seen["held"] = engine.control("shrink", num_blocks=one_short, limits=limits())
         assert [id(b) for b in engine.pool.blocks] == before  # nothing touched
         seen["compact"] = engine.control("compact", limits=limits())
         _checked(engine)
@@ -246,6 +254,9 @@ def test_requests_waiting_only_for_sequence_slots_do_not_defer_compaction(
     assert compact["status"] == "done" and compact["blocks_moved"] > 0, compact
     assert shrink["status"] == "deferred", shrink
     assert "waiting requests would lack" in shrink["reason"], shrink
+    held = seen["held"]
+    assert held["status"] == "deferred", held
+    assert "would lack 1 KV blocks" in held["reason"], held
     assert out == reference
 
 

@@ -152,6 +152,18 @@ def _running(port: int) -> float:
     return _sample_sum(_metrics(port), "vllm:num_requests_running")
 
 
+def _server_cpus() -> list[int]:
+    """The last of this process's CPUs for the server, the others for the kubelet and the
+    clients (none kept apart on a 1-CPU machine).
+
+    On a node the kubelet runs on reserved CPU and the clients elsewhere; here, with vLLM
+    busy on every CPU of this 2-core VM, sleeping threads of the test process (the prober's
+    ticker, the preStop hook's ``sleep``, the clients' pauses) were observed to wake up to 5 s
+    late, so the prober missed the whole preStop hook and the straggler the whole drain."""
+    allowed = sorted(os.sched_getaffinity(0))
+    return allowed[-1:] if len(allowed) > 1 else []
+
+
 @dataclass
 class Pod:
     """The started server with the policy and commands it was rendered from."""
@@ -179,7 +191,11 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     drain.mkdir()
     commands = pod_commands(policy, workload, drain)
     server = start_vllm_server(
-        [*args, *TEST_ONLY_ARGS], workdir, port=port, env=dict.fromkeys(plan.env_unset)
+        [*args, *TEST_ONLY_ARGS],
+        workdir,
+        port=port,
+        env=dict.fromkeys(plan.env_unset),
+        cpus=_server_cpus(),
     )
     try:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -216,6 +232,29 @@ class Client:
                 self.metrics_after_refusal = _metrics(self.pod.port)
                 return  # vLLM refuses now; later requests would only hold its exit
             time.sleep(CLIENT_GAP_S)
+
+
+def _timeline(
+    sigterm: float,
+    unready_at: float | None,
+    exited: float,
+    long: dict[int, Outcome],
+    straggler: list[Outcome],
+) -> str:
+    """What happened when, in seconds from SIGTERM: the evidence a failed assertion needs."""
+
+    def at(t: float | None) -> str:
+        return "-" if t is None else f"{t - sigterm:+.2f}"
+
+    lines = [f"unready {at(unready_at)}  exited {at(exited)}"]
+    lines += [
+        f"long {k}: done {at(o.done)} {o.status} {o.finish} {o.tokens}" for k, o in long.items()
+    ]
+    lines += [
+        f"straggler: sent {at(o.sent)} done {at(o.done)} {o.status} {o.finish} {o.tokens}"
+        for o in straggler[-5:]
+    ]
+    return "\n".join(lines)
 
 
 def _threads(*targets: object) -> list[threading.Thread]:
@@ -279,6 +318,7 @@ def test_readiness_fails_first_and_in_flight_requests_complete(pod: Pod) -> None
     for thread in [*generators, *clients]:
         thread.join(timeout=120)
     log = pod.server.log_tail()
+    timeline = _timeline(sigterm, kubelet.unready_at, exited, long, straggler.outcomes)
 
     # Readiness failed under the preStop hook, before vLLM had SIGTERM.
     assert kubelet.unready_at is not None, "readiness never failed during the preStop hook"
@@ -299,15 +339,15 @@ def test_readiness_fails_first_and_in_flight_requests_complete(pod: Pod) -> None
 
     # ... and vLLM refused the straggler only after readiness had failed.
     refused = [o for o in straggler.outcomes if not o.served(SHORT_TOKENS)]
-    assert refused, "the straggler was never refused: vLLM kept serving after SIGTERM?"
-    assert all(o.sent > kubelet.unready_at for o in refused), refused
+    assert refused, ("the straggler was never refused: vLLM kept serving after SIGTERM?", timeline)
+    assert all(o.sent > kubelet.unready_at for o in refused), timeline
     served = [o for o in straggler.outcomes if o.served(SHORT_TOKENS)]
-    assert any(kubelet.unready_at < o.sent for o in served)  # vLLM still served then
+    assert any(kubelet.unready_at < o.sent for o in served), timeline  # vLLM still served then
     # What vLLM 0.32 does to a request after SIGTERM: an empty 200, finish_reason "abort",
     # counted in vllm:request_success_total{finished_reason="abort"} (the signal of the
     # ServingRequestsToTerminatingPod alert, alerts/serving.py).
     first = refused[0]
-    assert (first.status, first.finish, first.tokens) == (200, "abort", 0), first
+    assert (first.status, first.finish, first.tokens) == (200, "abort", 0), timeline
     aborts = _sample_sum(
         straggler.metrics_after_refusal, "vllm:request_success_total", 'finished_reason="abort"'
     )
