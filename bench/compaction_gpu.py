@@ -246,13 +246,10 @@ def schedule(blocks: int, fraction: float) -> dict[int, tuple[str, dict[str, Any
 
 def checked(engine: Any) -> str | None:
     """The harness's pool and block-table invariants (None: they hold)."""
-    from runtime.kvcache.in_vllm import plugin
-    from tests.kvcache.engine import check_pool, check_tables
+    from tests.kvcache.engine import check_engine
 
     try:
-        with plugin._lock(engine.core):
-            check_pool(engine.pool)
-            check_tables(engine)
+        check_engine(engine)
     except AssertionError as error:
         return f"{error}" or traceback.format_exc(limit=-1).strip()
     return None
@@ -279,8 +276,7 @@ class Passes:
         worker_side.resize = recording  # the plugin's worker method looks it up per call
 
     def hook(self, step: int) -> None:
-        if self.budget.spent():
-            raise TimeoutError(f"the budget of {self.budget.seconds:g} s ran out at step {step}")
+        self.budget.check(step)
         if step in self.plan:
             op, args = self.plan[step]
             self.records.append(self.run(step, op, args))
@@ -464,12 +460,8 @@ def check(options: argparse.Namespace, verdict: Verdict, budget: Budget) -> bool
     engine = start(options, verdict, budget)
     prompts = shared_prefix_prompts(options.requests)
 
-    def bounded(step: int) -> None:
-        if budget.spent():
-            raise TimeoutError(f"the budget of {budget.seconds:g} s ran out at step {step}")
-
     report["stage"] = "reference run"
-    reference = engine.run(prompts, bounded, max_tokens=options.max_tokens)
+    reference = engine.run(prompts, budget.check, max_tokens=options.max_tokens)
     say(budget, f"reference: {len(reference)} requests, no passes")
     plan = schedule(engine.pool.num_gpu_blocks, options.shrink_fraction)
     passes = Passes(engine, options.device, budget, plan)

@@ -19,12 +19,18 @@ class Budget:
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
+    def remaining(self) -> float:
+        """Seconds to the deadline (negative past it)."""
+        return self.deadline - time.monotonic()
+
     def left(self, bound: float) -> float:
         """A wait's bound: the smaller of its own and what is left (at least 1 s)."""
-        return max(1.0, min(bound, self.deadline - time.monotonic()))
+        return max(1.0, min(bound, self.remaining()))
 
-    def spent(self) -> bool:
-        return time.monotonic() >= self.deadline
+    def check(self, step: int) -> None:
+        """A generation's per-step hook: raise ``TimeoutError`` once the deadline passed."""
+        if self.remaining() <= 0:
+            raise TimeoutError(f"the budget of {self.seconds:g} s ran out at step {step}")
 
 
 def say(budget: Budget, message: str) -> None:

@@ -28,10 +28,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.device_budget import Budget
 
 BENCH = Path(__file__).resolve().parent / "compaction.py"
 ENGINE_CHECK = Path(__file__).resolve().parent / "compaction_gpu.py"
@@ -177,7 +180,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=90, help="seconds per configuration")
     parser.add_argument("--budget-s", type=float, default=570, help="bound on the whole check")
     args = parser.parse_args()
-    deadline = time.monotonic() + args.budget_s
+    budget = Budget(args.budget_s)
     if not torch.cuda.is_available():
         raise SystemExit(f"bench/gpu_check.py: no CUDA GPU visible to torch {torch.__version__}")
     import triton
@@ -187,12 +190,11 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}: torch {torch.__version__}, triton {triton.__version__}, "
         f"{free / 2**30:.0f} of {total / 2**30:.0f} GiB free"
     )
-    start = time.monotonic()
     blocker = _engine_blocker(timeout_s=120)
     reserve = 0 if blocker else ENGINE_MIN_S
     reports: dict[str, object] = {}
     for name, config in CONFIGS.items():
-        left = int(deadline - time.monotonic() - reserve)
+        left = int(budget.remaining() - reserve)
         if left < 10:
             reports[name] = "skipped: no time left"
             print(f"{name}: SKIPPED: no time left in the budget")
@@ -201,18 +203,18 @@ def main() -> None:
         reports[name] = report
         print(_line(name, report) if isinstance(report, dict) else f"{name}: FAILED: {report}")
         sys.stdout.flush()
-    print(f"kernel configurations done in {time.monotonic() - start:.0f} s")
-    left = deadline - time.monotonic()
-    if blocker is None and left < 60:
-        blocker = f"only {left:.0f} s of the budget left"
+    print(f"kernel configurations done in {budget.elapsed():.0f} s")
+    engine_left = budget.remaining()
+    if blocker is None and engine_left < 60:
+        blocker = f"only {engine_left:.0f} s of the budget left"
     if blocker is None:
-        engine = _engine_check(left)
+        engine = _engine_check(engine_left)
         print(_engine_line(engine))
     else:
         engine = {"verdict": "SKIPPED", "reason": blocker}
         print(f"{ENGINE_KEY}: SKIPPED: {blocker}")
     reports[ENGINE_KEY] = engine
-    print(f"done in {time.monotonic() - start:.0f} s")
+    print(f"done in {budget.elapsed():.0f} s")
     if out := os.environ.get("OUT"):
         Path(out).mkdir(parents=True, exist_ok=True)
         Path(out, "gpu_check.json").write_text(json.dumps(reports, indent=1))

@@ -157,7 +157,8 @@ def readiness_command(port: int, timeout_s: int) -> list[str]:
     the marker, and the alternative, a readiness endpoint served by a gpupool container, would
     need a sidecar in every pod (gpupool's sidecars run only with compaction or preservation)
     and a second process whose failure takes a healthy vLLM out of routing. ``python3 -I -S``
-    skips the image's site packages and environment: the stdlib's urllib is all it needs."""
+    skips the image's site packages and environment: the interpreter's built-in ``_socket``
+    is all it needs (``HEALTH_CHECK_PY``)."""
     check = f"exec python3 -I -S -c '{HEALTH_CHECK_PY}' 127.0.0.1 {port} {timeout_s}"
     return ["sh", "-c", f"test ! -e {DRAIN_MARKER} && {check}"]
 

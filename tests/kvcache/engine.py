@@ -193,3 +193,13 @@ def check_tables(engine: Engine) -> None:
         (worker_ids,) = state.block_ids
         scheduler_ids = [block.block_id for block in single.req_to_blocks.get(req_id, ())]
         assert list(worker_ids) == scheduler_ids, f"request {req_id}: tables disagree"
+
+
+def check_engine(engine: Engine) -> None:
+    """``check_pool`` and ``check_tables`` under the plugin's lock, so no control request
+    runs while they read (between steps, where passes run)."""
+    from runtime.kvcache.in_vllm import plugin
+
+    with plugin._lock(engine.core):
+        check_pool(engine.pool)
+        check_tables(engine)

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from runtime.kvcache.control import ControlClient, ControlError
-from runtime.kvcache.in_vllm import plugin
 from runtime.kvcache.in_vllm.mover import BlockMover
 from tests.kvcache.engine import (
     PREFIX_TOKENS,
@@ -18,8 +17,7 @@ from tests.kvcache.engine import (
     WAVE_SIZE,
     Engine,
     Finished,
-    check_pool,
-    check_tables,
+    check_engine,
     limits,
     shared_prefix_prompts,
 )
@@ -37,12 +35,6 @@ def reference(engine: Engine) -> dict[int, Finished]:
     return engine.run(PROMPTS)
 
 
-def _checked(engine: Engine) -> None:
-    with plugin._lock(engine.core):
-        check_pool(engine.pool)
-        check_tables(engine)
-
-
 def test_compaction_and_shrink_mid_generation_keep_outputs(
     engine: Engine, reference: dict[int, Finished], control_token: tuple[Path, str, str]
 ) -> None:
@@ -53,7 +45,7 @@ def test_compaction_and_shrink_mid_generation_keep_outputs(
     caller = threading.Thread(target=lambda: remote.append(client.call("compact", limits=limits())))
 
     def hook(step: int) -> None:
-        _checked(engine)
+        check_engine(engine)
         if step in (3, 11):
             outcomes.append(("compact", engine.control("compact", limits=limits())))
         if step == 6:
@@ -120,7 +112,7 @@ def test_shrunk_pool_never_allocates_above_its_size_and_grow_restores(engine: En
         engine.run(PROMPTS)
         assert highest and max(highest) < size
         assert engine.runner.input_batch.block_table.block_tables[0].block_table.np.max() < size
-        _checked(engine)
+        check_engine(engine)
         grown = engine.control("grow")
         assert grown["status"] == "done" and grown["usable_blocks"] == TOTAL_BLOCKS
         assert engine.runner.kv_caches[0].shape[0] == TOTAL_BLOCKS
@@ -128,7 +120,7 @@ def test_shrunk_pool_never_allocates_above_its_size_and_grow_restores(engine: En
         long_prompts = [p * 3 for p in shared_prefix_prompts(32, seed=5)]  # ~10 blocks each
         engine.run(long_prompts, max_tokens=8)
         assert max(highest) >= size  # the regained capacity is handed out again
-        _checked(engine)
+        check_engine(engine)
     finally:
         del engine.pool.get_new_blocks
 
@@ -147,7 +139,7 @@ def test_saturated_compaction_is_deferred_and_passes_are_bounded(
             assert [id(b) for b in engine.pool.blocks] == before  # nothing touched
         elif state["num_waiting"] == 0 and state["fragmentation"] > 0 and "bounded" not in seen:
             seen["bounded"] = engine.control("compact", limits=limits(max_moves=2))
-        _checked(engine)
+        check_engine(engine)
 
     out = engine.run(PROMPTS, hook)
     engine.control("grow")
@@ -229,7 +221,7 @@ def test_requests_waiting_only_for_sequence_slots_do_not_defer_compaction(
     seen: dict[str, dict[str, Any]] = {}
 
     def hook(step: int) -> None:
-        _checked(engine)
+        check_engine(engine)
         state = engine.control("status")
         if "compact" in seen or state["num_waiting"] == 0:
             return
@@ -246,7 +238,7 @@ def test_requests_waiting_only_for_sequence_slots_do_not_defer_compaction(
         seen["held"] = engine.control("shrink", num_blocks=one_short, limits=limits())
         assert [id(b) for b in engine.pool.blocks] == before  # nothing touched
         seen["compact"] = engine.control("compact", limits=limits())
-        _checked(engine)
+        check_engine(engine)
 
     out = _run_at_once(engine, prompts, hook)
     assert seen["state"]["num_waiting"] >= 40 - 32, seen["state"]

@@ -32,8 +32,7 @@ from tests.kvcache.engine import (
     WAVE_SIZE,
     Engine,
     Finished,
-    check_pool,
-    check_tables,
+    check_engine,
     limits,
     shared_prefix_prompts,
 )
@@ -93,12 +92,6 @@ def admit(core: Any, op: str, **args: Any) -> plugin.EngineJob:
     return job
 
 
-def _checked(engine: Engine) -> None:
-    with plugin._lock(engine.core):
-        check_pool(engine.pool)
-        check_tables(engine)
-
-
 @pytest.mark.slow
 def test_a_full_batch_queue_drains_for_compact_shrink_and_grow_and_scheduling_resumes(
     engine: Engine, reference: dict[int, Finished], control_token: tuple[Path, Path, str]
@@ -120,7 +113,7 @@ def test_a_full_batch_queue_drains_for_compact_shrink_and_grow_and_scheduling_re
     with batch_queue(engine, 2) as core:
 
         def hook(step: int) -> None:
-            _checked(engine)
+            check_engine(engine)
             if step - 1 in jobs:  # the step after the admission held new batches back
                 job = jobs[step - 1]
                 assert job.done.is_set() and len(core.batch_queue) == 0
@@ -168,7 +161,7 @@ def test_a_drain_past_its_bound_is_deferred_and_changes_nothing(
     with batch_queue(engine, 4) as core:
 
         def hook(step: int) -> None:
-            _checked(engine)
+            check_engine(engine)
             job = seen.get("job")
             if job is not None and not job.done.is_set():
                 assert len(core.batch_queue) > 0  # still draining: nothing new was queued

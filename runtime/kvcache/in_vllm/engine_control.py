@@ -139,13 +139,14 @@ class EngineController:
             )
         return None
 
-    def _deferral(self, limits: CompactionLimits, shrink_to: int | None = None) -> str | None:
+    def _deferral(
+        self, limits: CompactionLimits, state: dict[str, Any], shrink_to: int | None = None
+    ) -> str | None:
         """Why a compaction (or, with ``shrink_to``, a shrink to that size) must wait now:
-        batches in flight, or saturation (``saturation``)."""
+        batches in flight, or saturation (``saturation``) as ``state`` (``status``) shows."""
         in_flight = self._in_flight()
         if in_flight is not None:
             return in_flight
-        state = self.status()
         if shrink_to is None:
             return deferral_reason(
                 num_waiting=state["num_waiting"],
@@ -164,10 +165,10 @@ class EngineController:
             saturation_usage=limits.saturation_usage,
         )
 
-    def _below_floor(self, num_blocks: int) -> str | None:
-        """Why a shrink to ``num_blocks`` is refused: it is below the shrink floor."""
+    def _below_floor(self, num_blocks: int, held: int) -> str | None:
+        """Why a shrink to ``num_blocks`` is refused: it is below the shrink floor while
+        requests hold ``held`` blocks."""
         scheduler = self.core.scheduler
-        held = scheduler_side.occupancy(self._manager().block_pool).held
         floor = shrink_floor(
             held_blocks=held,
             max_model_len=scheduler.max_model_len,
@@ -210,12 +211,17 @@ class EngineController:
         scheduler_side.relocate(self._manager(), moves)
         return int(copied[0])
 
-    def compact(self, limits: CompactionLimits, watermark: int | None = None) -> Outcome:
-        """Pack occupied blocks below ``watermark`` (default: as low as they fit)."""
+    def compact(self, limits: CompactionLimits) -> Outcome:
+        """Pack occupied blocks as low as they fit, unless the engine is saturated."""
         started = time.perf_counter()
-        reason = self._deferral(limits)
+        reason = self._deferral(limits, self.status())
         if reason is not None:
             return self.deferred(reason)
+        return self._pack(limits, None, started)
+
+    def _pack(self, limits: CompactionLimits, watermark: int | None, started: float) -> Outcome:
+        """Move occupied blocks below ``watermark`` (None: as low as they fit), at most
+        ``limits.max_moves`` of them; the caller has checked that the engine may pause."""
         occ = scheduler_side.occupancy(self._manager().block_pool)
         target = packed_watermark(len(occ.occupied)) if watermark is None else watermark
         try:
@@ -252,16 +258,17 @@ class EngineController:
         if not 2 <= num_blocks <= current:
             self.metrics.compactions.labels("refused").inc()
             return self._outcome("refused", f"shrink target {num_blocks} not in [2, {current}]")
-        reason = self._below_floor(num_blocks)
+        state = self.status()
+        reason = self._below_floor(num_blocks, state["held_blocks"])
         if reason is not None:
             self.metrics.compactions.labels("refused").inc()
             return self._outcome("refused", reason)
-        reason = self._deferral(limits, shrink_to=num_blocks)
+        reason = self._deferral(limits, state, shrink_to=num_blocks)
         if reason is not None:
             return self.deferred(reason)
         scheduler_side.evict_cached(self._manager().block_pool, num_blocks - 1)
-        packed = self.compact(limits, watermark=num_blocks)
-        if packed.status in ("deferred", "refused", "failed"):
+        packed = self._pack(limits, num_blocks, started)
+        if packed.status in ("refused", "failed"):
             return packed
         occ = scheduler_side.occupancy(self._manager().block_pool)
         left = [b for b in occ.occupied if b >= num_blocks]
