@@ -3,7 +3,8 @@
 Run: ``python bench/whatif.py [--hours 24] [--sizes 100 1000 10000]``. Each cluster is the
 default policy scaled: three quarters of the GPUs in gpu-prod, a quarter in gpu-flex, a
 diurnal production trace peaking at 70 % of the cluster (duty rule), and a flex backlog
-(request lengths of the bundled Azure code trace) whose bound is the flex pool. The
+(request lengths of the bundled Azure code trace); gpu-prod lends and the flex bound is
+``auto``, as shipped. The
 baseline is the same replay at the smallest size in the same run, so the ratios show the
 cost's growth on this machine's speed at the time; the load average is printed beside it.
 """
@@ -30,7 +31,6 @@ def scaled(gpus: int):  # type: ignore[no-untyped-def]
     document["node_pools"][0]["nodes"] = []
     document["node_pools"][1]["max_nodes"] = flex_nodes
     document["node_pools"][1]["nodes"] = []
-    document["workloads"][0]["max_replicas"] = flex_nodes * per_node
     return parse_policy(document), nodes * per_node
 
 
@@ -47,7 +47,7 @@ def once(gpus: int, hours: float) -> tuple[float, float]:
     settings = Settings(hours=hours, production=ProductionRule("held"))
     start = time.perf_counter()
     result = run(policy, DEFAULT_POLICY.parent, WhatIf(trace, demand, settings))
-    return time.perf_counter() - start, result.throughput_ratio
+    return time.perf_counter() - start, result.useful_gpu_h_ratio
 
 
 def main() -> None:
@@ -63,7 +63,7 @@ def main() -> None:
         print(
             f"{gpus:>6} GPUs, {args.hours:g} simulated h: {seconds:7.2f} s wall "
             f"({args.hours * 3600 / seconds:,.0f}x real time; {seconds / base:.1f}x the "
-            f"{args.sizes[0]}-GPU run); pooled/fixed useful tokens/s {ratio:.2f}x",
+            f"{args.sizes[0]}-GPU run); pooled/fixed useful GPU-hours {ratio:.2f}x",
             flush=True,
         )
 

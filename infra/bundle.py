@@ -168,6 +168,7 @@ def build_groups(
                     vllm_args[w.name],
                     hpa_tolerance,
                     pod_labels=flex_pod_labels(policy, w) if served else {},
+                    target=target,
                 ),
                 flex_network_policy(policy, w, clients),
             ),

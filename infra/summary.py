@@ -62,8 +62,8 @@ def summarize(policy: PoolPolicy, objects: Sequence[Manifest]) -> list[Table]:
                 w.name,
                 w.pool,
                 str(w.gpus_per_replica),
-                f"{w.min_replicas}-{w.max_replicas}",
-                str(w.max_replicas * w.gpus_per_replica),
+                f"{w.min_replicas}-{policy.replica_bound(w)}",
+                str(policy.replica_bound(w) * w.gpus_per_replica),
                 str(disruption.pdb_min_available),
             )
             for w in policy.workloads

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 _DURATION = re.compile(
     r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
@@ -220,6 +220,24 @@ PrometheusLabel = Annotated[str, AfterValidator(_check_prometheus_label)]
 
 ReplicaBound = Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
 """An HPA ``maxReplicas``-like bound: at least 1, at most ``MAX_REPLICAS``."""
+
+
+def _check_replica_bound_or_auto(value: object) -> object:
+    """``auto`` or a ``ReplicaBound``, checked before the union: one problem at the field
+    (pydantic would report each member of the union at a path of its own)."""
+    if value == "auto":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_REPLICAS:
+        return value
+    raise ValueError(
+        f"expected auto or a whole number of replicas from 1 to {MAX_REPLICAS}, found {value!r}"
+    )
+
+
+ReplicaBoundOrAuto = Annotated[
+    ReplicaBound | Literal["auto"], BeforeValidator(_check_replica_bound_or_auto)
+]
+"""A ``ReplicaBound`` or ``auto`` (the bound follows from capacity)."""
 
 Quantity = Annotated[str, AfterValidator(_check_quantity)]
 """A Kubernetes resource quantity (``16Gi``, ``500m``)."""

@@ -48,7 +48,14 @@ class Disruption(StrictModel):
     best-effort and one replica is the usual floor) never blocks a drain; with
     ``min_replicas`` >= 2, 1 keeps a replica serving through drains."""
     anti_affinity: Literal["preferred", "required"] = "preferred"
-    """Spread replicas across nodes; ``required`` refuses to co-locate at all."""
+    """How a workload's replicas keep apart. ``preferred`` (the default): spread over zones
+    (``topology.kubernetes.io/zone``), a preference weaker than packing flex onto the nodes
+    that already run flex, so replicas share nodes and free GPUs stay whole.
+    ``required``: also never two replicas on one node. That costs production room: each
+    replica takes a node of its own, so 1-GPU replicas leave one GPU used on many nodes and
+    no node with room for a multi-GPU production replica (production then preempts flex or
+    waits; a slot ``reserve`` sheds flex), and replicas beyond the pools' node count stay
+    Pending. Only for a workload that must survive losing a node (docs/design/lending.md)."""
 
     @property
     def readiness_fail_s(self) -> int:

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from policy.base import (
+    MAX_REPLICAS,
     DnsLabel,
     DnsSubdomain,
     Fraction,
@@ -406,6 +407,42 @@ class KarpenterSettings(StrictModel):
         return group, kind, self.node_class
 
 
+@dataclass(frozen=True)
+class PoolReserve:
+    """A pool's reserve as the budget applies it: a share of its GPUs (``ratio``), or
+    ``slots`` free places of ``slot_gpus`` GPUs on single nodes."""
+
+    ratio: float = 0.0
+    slots: int = 0
+    slot_gpus: int = 1
+
+    def gpus(self, schedulable: int) -> int:
+        """GPUs kept free in a pool of ``schedulable`` GPUs whose free slots are intact."""
+        if self.slots:
+            return self.slots * self.slot_gpus if schedulable else 0
+        return math.floor(schedulable * self.ratio)
+
+    def describe(self) -> str:
+        if self.slots:
+            return f"{self.slots} slots of {self.slot_gpus} GPUs"
+        return f"reserve_ratio {self.ratio:g}"
+
+
+class SlotReserve(StrictModel):
+    """Room for whole production replicas, kept unallocated in a pool.
+
+    Free GPUs help production only where a replica fits: four GPUs free on four nodes are no
+    room for a 4-GPU replica. A slot is ``gpus_per_replica`` of the production workload
+    ``of`` free on one node; the flex budget keeps ``replicas`` such slots free and sheds
+    flex when fewer exist, however many GPUs are free in all."""
+
+    replicas: int = Field(ge=1, le=MAX_REPLICAS)
+    """Production replicas the pool keeps room for."""
+    of: str = Field(min_length=3)
+    """The production workload whose replicas the slots fit: ``namespace/name`` of an entry
+    of ``production`` (its ``gpus_per_replica`` is the slot size)."""
+
+
 class NodePool(StrictModel):
     """One GPU node pool; ``prod`` pools are guaranteed, ``flex`` pools are elastic."""
 
@@ -422,7 +459,16 @@ class NodePool(StrictModel):
     max_nodes: int = Field(ge=1)
     """Upper bound on nodes; sets the Karpenter limit and the pool's GPU capacity."""
     reserve_ratio: Fraction = 0.0
-    """Share of the pool's GPUs kept free for bursts; flex load never counts on them."""
+    """Share of the pool's GPUs kept free for production's bursts, a fraction (0.2 keeps 20 %
+    of them free); flex never counts on them. The simple form of ``reserve``."""
+    reserve: SlotReserve | None = None
+    """Room kept free for whole production replicas (``{replicas: 2, of:
+    inference/llama-70b-prod}``): the budget keeps that many replica slots free on single
+    nodes. Give this or ``reserve_ratio``, not both."""
+    lend_idle: bool = False
+    """A ``prod`` pool lends its unallocated GPUs beyond its reserve to flex workloads, which
+    production takes back by preemption the moment it needs them (docs/policy.md "Lending").
+    Flex pools always serve flex, so the field is for ``prod`` pools only."""
     nodes: tuple[DnsSubdomain, ...] = ()
     """Existing nodes that form the pool (``labels`` target: they get the label and taint):
     Node names, DNS-1123 subdomains (EKS: ``ip-10-0-1-23.ec2.internal``); each in one pool."""
@@ -483,6 +529,17 @@ class NodePool(StrictModel):
         return (*out, *settings.requirements)
 
     def check(self, at: str, found: Invariants) -> None:
+        found.require(
+            not (self.lend_idle and self.role == "flex"),
+            f"{at}.lend_idle",
+            "a flex pool always serves flex workloads; lend_idle is for prod pools (remove it)",
+        )
+        found.require(
+            self.reserve is None or self.reserve_ratio == 0,
+            f"{at}.reserve",
+            f"give reserve (production replica slots) or reserve_ratio ({self.reserve_ratio}, "
+            "a share of the GPUs), not both",
+        )
         found.require(
             self.role == "prod" or self.reserve_ratio < 1.0,
             f"{at}.reserve_ratio",

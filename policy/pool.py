@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import math
-
 from pydantic import Field, model_validator
 
 from policy.alerting import Alerting
-from policy.base import DnsLabel, Invariants, NamespaceName, NodeLabelKey, StrictModel
+from policy.base import (
+    MAX_REPLICAS,
+    DnsLabel,
+    Invariants,
+    NamespaceName,
+    NodeLabelKey,
+    StrictModel,
+)
 from policy.disruption import Disruption
 from policy.elastic import Autoscaling, ElasticThresholds
 from policy.images import ImageReference
 from policy.kvcache import KvCache
 from policy.metrics import MetricSources
 from policy.network import Network
-from policy.nodepools import NodePool, karpenter_seconds
+from policy.nodepools import NodePool, PoolReserve, karpenter_seconds
 from policy.priorities import Priorities
 from policy.production import ProductionWorkload
 from policy.serving import Serving, check_serving
@@ -92,8 +97,46 @@ class PoolPolicy(StrictModel):
         return [p for p in self.node_pools if p.role == "flex"]
 
     def pool_of(self, workload: FlexWorkload) -> NodePool:
-        """The flex pool ``workload`` runs on (validation ensures it exists and is flex)."""
+        """The flex pool ``workload`` prefers (validation ensures it exists and is flex)."""
         return next(p for p in self.flex_pools if p.name == workload.pool)
+
+    @property
+    def lending_pools(self) -> list[NodePool]:
+        """The prod pools that lend their unallocated GPUs beyond the reserve to flex."""
+        return [p for p in self.node_pools if p.role == "prod" and p.lend_idle]
+
+    @property
+    def harvest_pools(self) -> list[NodePool]:
+        """Every pool flex may run on: the flex pools, then the pools that lend."""
+        return [*self.flex_pools, *self.lending_pools]
+
+    def pools_for(self, workload: FlexWorkload) -> list[NodePool]:
+        """Every pool ``workload``'s replicas may run on, preferred first: its flex pool,
+        then each pool that lends. Renderers, the budget and the what-if all read this."""
+        return [self.pool_of(workload), *self.lending_pools]
+
+    def replica_capacity(self, workload: FlexWorkload) -> int:
+        """Replicas of ``workload`` its pools hold when full: whole replicas per node, every
+        pool at ``max_nodes`` (at most ``MAX_REPLICAS``)."""
+        g = workload.gpus_per_replica
+        fit = sum(p.max_nodes * (p.gpus_per_node // g) for p in self.pools_for(workload))
+        return min(fit, MAX_REPLICAS)
+
+    def replica_bound(self, workload: FlexWorkload) -> int:
+        """The HPA's ``maxReplicas``: ``max_replicas``, or ``replica_capacity`` for ``auto``
+        (at least ``min_replicas``)."""
+        if workload.max_replicas != "auto":
+            return workload.max_replicas
+        return max(self.replica_capacity(workload), workload.min_replicas)
+
+    def reserve_of(self, pool: NodePool) -> PoolReserve:
+        """``pool``'s reserve, its slot size resolved from the production workload it names."""
+        if pool.reserve is None:
+            return PoolReserve(ratio=pool.reserve_ratio)
+        slot = next(
+            (w.gpus_per_replica for w in self.production if w.slot_ref == pool.reserve.of), 1
+        )
+        return PoolReserve(slots=pool.reserve.replicas, slot_gpus=slot)
 
     @model_validator(mode="after")
     def _consistent(self) -> PoolPolicy:
@@ -153,7 +196,8 @@ class PoolPolicy(StrictModel):
                 or w.snapshot_volume.access_mode == "ReadWriteMany",
                 f"{at}.snapshot_volume.access_mode",
                 f"workload {w.name!r} shares its snapshot volume ({w.snapshot_volume.access_mode}) "
-                f"among up to {w.max_replicas} replicas, which spread over nodes: "
+                f"among up to {w.max_replicas} replicas (auto: as many as the pools hold), "
+                "which land on several nodes: "
                 "ReadWriteOncePod admits one pod, ReadWriteOnce one node, so the others never "
                 "start (Multi-Attach error); expected ReadWriteMany (a storage class such as "
                 "NFS, CephFS, EFS, Filestore, Azure Files) or max_replicas: 1",
@@ -234,23 +278,23 @@ class PoolPolicy(StrictModel):
     def warnings(self) -> list[tuple[str, str]]:
         """``(field path, message)`` for what is valid but probably not meant (never errors).
 
-        A flex workload whose ``max_replicas`` cannot all be scheduled on its pool: the HPA
-        may ask for replicas that stay Pending. Replicas fit per node, so 3-GPU replicas on
-        8-GPU nodes count 2 per node."""
+        A flex workload whose explicit ``max_replicas`` cannot all be scheduled on the pools it
+        may use: the HPA may ask for replicas that stay Pending. Replicas fit per node, so
+        3-GPU replicas on 8-GPU nodes count 2 per node."""
         out = []
         for i, w in enumerate(self.workloads):
-            pool = self.pool_of(w)
-            fit = pool.max_nodes * (pool.gpus_per_node // w.gpus_per_replica)
+            if w.max_replicas == "auto":
+                continue
+            fit = self.replica_capacity(w)
             if w.max_replicas > fit:
+                names = ", ".join(repr(p.name) for p in self.pools_for(w))
                 out.append(
                     (
                         f"workloads.{i}.max_replicas",
                         f"max_replicas ({w.max_replicas}) x gpus_per_replica "
-                        f"({w.gpus_per_replica}) exceeds flex pool {pool.name!r}: at most {fit} "
-                        f"such replicas fit ({pool.max_nodes} nodes x "
-                        f"{pool.gpus_per_node // w.gpus_per_replica} per node of "
-                        f"{pool.gpus_per_node} GPUs); the rest would stay Pending: lower "
-                        "max_replicas or raise the pool's max_nodes",
+                        f"({w.gpus_per_replica}) exceeds the pools it may use ({names}): at "
+                        f"most {fit} such replicas fit there at max_nodes; the rest would stay "
+                        "Pending: use max_replicas: auto, lower it or raise the pools' max_nodes",
                     )
                 )
         return out
@@ -269,8 +313,8 @@ class PoolPolicy(StrictModel):
         if sum(1 for p in self.node_pools if p.role == "prod") != 1:
             return  # reported above; the capacity rules need the one prod pool
         prod = self.prod_pool
-        # The catalogue reserves floor(GPUs x reserve_ratio) of a pool (headroom query).
-        reserved_out = prod.gpu_capacity - math.floor(prod.gpu_capacity * prod.reserve_ratio)
+        reserved_out = prod.gpu_capacity - self.reserve_of(prod).gpus(prod.gpu_capacity)
+        self._check_reserves(found)
         ceiling = prod.gpu_capacity + sum(p.gpu_capacity for p in self.flex_pools)
         system = {self.cluster.flex_namespace, self.cluster.system_namespace}
         refs: set[tuple[str, str, str]] = set()
@@ -310,9 +354,9 @@ class PoolPolicy(StrictModel):
                 f"{at}.min_replicas",
                 f"production's floor reaches {floor} GPUs (sum of min_replicas x "
                 f"gpus_per_replica up to {w.ref}) but the prod pool {prod.name!r} has "
-                f"{reserved_out} outside its reserve ({prod.gpu_capacity} GPUs, reserve_ratio "
-                f"{prod.reserve_ratio}); lower min_replicas, raise max_nodes or lower "
-                "reserve_ratio",
+                f"{reserved_out} outside its reserve ({prod.gpu_capacity} GPUs, reserve "
+                f"{self.reserve_of(prod).describe()}); lower min_replicas, raise max_nodes or "
+                "lower the reserve",
             )
             before, peak = peak, peak + w.max_replicas * w.gpus_per_replica
             found.require(
@@ -322,6 +366,32 @@ class PoolPolicy(StrictModel):
                 f"gpus_per_replica up to {w.ref}) but the prod and flex pools hold {ceiling}; "
                 "replicas beyond that could never be scheduled: lower max_replicas or raise "
                 "the pools' max_nodes",
+            )
+
+    def _check_reserves(self, found: Invariants) -> None:
+        """A slot reserve names a production workload by ``namespace/name``, and its slots fit
+        the pool's nodes."""
+        refs = {w.slot_ref: w for w in self.production if w.name is not None}
+        for i, pool in enumerate(self.node_pools):
+            if pool.reserve is None:
+                continue
+            at = f"node_pools.{i}.reserve"
+            target = refs.get(pool.reserve.of)
+            found.require(
+                target is not None,
+                f"{at}.of",
+                f"{pool.reserve.of!r} is not a production workload of this policy; expected "
+                f"namespace/name of one of: {', '.join(sorted(refs)) or 'none declared'}",
+            )
+            if target is None:
+                continue
+            per_node = pool.gpus_per_node // target.gpus_per_replica
+            found.require(
+                pool.reserve.replicas <= pool.max_nodes * per_node,
+                f"{at}.replicas",
+                f"{pool.reserve.replicas} slots of {target.gpus_per_replica} GPUs do not fit "
+                f"pool {pool.name!r} ({pool.max_nodes} nodes x {per_node} slots); lower "
+                "replicas or raise max_nodes",
             )
 
     serving: Serving | None = None

@@ -84,6 +84,12 @@ class ProductionWorkload(StrictModel):
         return f"{self.namespace}/{self.kind}/{self.name or '{' + self.label_selector + '}'}"
 
     @property
+    def slot_ref(self) -> str:
+        """``namespace/name``: how a pool's slot ``reserve`` names this workload (a selector
+        entry has no name and cannot be named)."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
     def label_selector(self) -> str:
         """``selector`` as a Kubernetes label-selector string (``k=v,k2=v2``, keys sorted)."""
         return ",".join(f"{k}={v}" for k, v in sorted((self.selector or {}).items()))

@@ -13,7 +13,7 @@ from policy.base import (
     Invariants,
     Quantity,
     QuantityOrPercent,
-    ReplicaBound,
+    ReplicaBoundOrAuto,
     ServiceName,
     StrictModel,
 )
@@ -137,8 +137,10 @@ class FlexWorkload(StrictModel):
     """``nvidia.com/gpu`` per replica; also vLLM's tensor-parallel size."""
     min_replicas: int = Field(1, ge=0)
     """HPA lower bound (0 needs the HPAScaleToZero feature gate; not supported)."""
-    max_replicas: ReplicaBound = 4
-    """HPA upper bound."""
+    max_replicas: ReplicaBoundOrAuto = "auto"
+    """HPA upper bound. ``auto``: as many replicas as the pools the workload may use can
+    hold (its flex pool and every pool that lends, ``PoolPolicy.replica_bound``), so the
+    budget alone decides; a number caps the workload below that."""
     port: int = Field(8000, ge=1024, le=65535)
     """vLLM OpenAI server port."""
     max_model_len: int = Field(8192, ge=16)
@@ -171,7 +173,8 @@ class FlexWorkload(StrictModel):
     def _bounds(self) -> FlexWorkload:
         found = Invariants()
         found.require(
-            1 <= self.min_replicas <= self.max_replicas,
+            self.min_replicas >= 1
+            and (self.max_replicas == "auto" or self.min_replicas <= self.max_replicas),
             "min_replicas",
             f"min_replicas ({self.min_replicas}) must be between 1 and max_replicas "
             f"({self.max_replicas})",

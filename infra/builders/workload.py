@@ -23,8 +23,8 @@ from infra.builders.compaction_sidecar import (
     vllm_plugin_env,
     vllm_plugin_mounts,
 )
-from infra.builders.meta import Manifest, metadata, selector_labels
-from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
+from infra.builders.meta import PART_OF, Manifest, metadata, selector_labels
+from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT, Target
 from infra.builders.rbac import FLEX_SERVICE_ACCOUNT
 from infra.builders.snapshot_gc import (
     preserving,
@@ -73,6 +73,30 @@ HEALTH_PATH = "/health"
 
 COMPONENT = "flex-inference"
 """``app.kubernetes.io/component`` of every flex workload object."""
+
+HOSTNAME_KEY = "kubernetes.io/hostname"
+"""Node label naming the node: the topology of packing and of ``anti_affinity: required``."""
+
+ZONE_KEY = "topology.kubernetes.io/zone"
+"""Node label naming the failure domain: the topology a workload's replicas spread over."""
+
+PREFER_OWN_POOL_WEIGHT = 100
+"""Weight of the preferred node affinity on the workload's own flex pool (the largest)."""
+
+PACK_WEIGHT = 100
+"""Weight of the preferred pod affinity toward nodes already running flex pods (the
+largest): flex fills nodes that run flex before empty ones (docs/design/lending.md)."""
+
+ZONE_SPREAD_WEIGHT = 50
+"""Weight of the preferred anti-affinity among one workload's replicas per zone, half of
+``PACK_WEIGHT``: a node already running F flex pods stays first until its zone holds 2F
+more of the workload's replicas than another zone (docs/design/lending.md)."""
+
+KARPENTER_INITIALIZED = "karpenter.sh/initialized"
+"""Label Karpenter puts on a node it launched once the node is ready (GPUs registered).
+No NodePool can promise it, so Karpenter never provisions a node for a term requiring it,
+while kube-scheduler places pods on the nodes that carry it: flex pods reach a lending
+pool's existing nodes only (``karpenter`` target, docs/design/lending.md)."""
 
 HTTP_PORT = "http"
 """Name of the vLLM container port (OpenAI API, ``/health``, ``/metrics``)."""
@@ -191,16 +215,18 @@ def flex_workload(
     vllm_args: Sequence[str],
     hpa_tolerance: HpaTolerance = "cluster",
     pod_labels: Mapping[str, str] | None = None,
+    target: Target = "labels",
 ) -> list[Manifest]:
     """Every object of one flex workload, in apply order; ``pod_labels`` join its pods to
-    the serving layer's pools (``infra.builders.serving.flex_pod_labels``)."""
+    the serving layer's pools (``infra.builders.serving.flex_pod_labels``); ``target`` is
+    the stack's node-pool target (``flex_node_affinity``)."""
     compaction = [compaction_service(policy, workload)] if workload.kv_compaction else []
     cache = [model_cache_claim(policy, workload)] if workload.model_cache.storage_class else []
     snapshots = [snapshot_claim(policy, workload)] if preserving(policy) else []
     return [
         *snapshots,
         *cache,
-        deployment(policy, workload, vllm_args, pod_labels),
+        deployment(policy, workload, vllm_args, pod_labels, target),
         service(policy, workload),
         *compaction,
         disruption_budget(policy, workload),
@@ -270,33 +296,88 @@ def _volumes(workload: FlexWorkload) -> list[Manifest]:
     return volumes
 
 
-def deployment(
-    policy: PoolPolicy,
-    workload: FlexWorkload,
-    vllm_args: Sequence[str],
-    pod_labels: Mapping[str, str] | None = None,
-) -> Manifest:
-    """The vLLM Deployment: lowest priority, flex pool only, spread, drained on eviction.
-
-    ``replicas`` is left out: the HPA owns it, and a rendered value would fight the HPA on
-    every sync. With ``workload.kv_compaction`` the pod also gets the plugin's initContainer,
-    the compaction sidecar and their volumes (``infra.builders.compaction_sidecar``).
-    """
-    pool = policy.pool_of(workload)
-    selector = selector_labels(workload.name)
-    tolerations: list[Manifest] = [
-        {"key": GPU_RESOURCE, "operator": "Exists", "effect": TAINT_EFFECT},
-    ]
-    if pool.taint:
-        tolerations.insert(
-            0,
+def flex_tolerations(policy: PoolPolicy, workload: FlexWorkload) -> list[Manifest]:
+    """The pool taint of every tainted pool ``workload`` may use (its flex pool, then each
+    pool that lends), then the common ``nvidia.com/gpu`` taint."""
+    return [
+        *(
             {
                 "key": policy.cluster.pool_label,
                 "operator": "Equal",
                 "value": pool.name,
                 "effect": TAINT_EFFECT,
-            },
-        )
+            }
+            for pool in policy.pools_for(workload)
+            if pool.taint
+        ),
+        {"key": GPU_RESOURCE, "operator": "Exists", "effect": TAINT_EFFECT},
+    ]
+
+
+def _pool_term(policy: PoolPolicy, pools: Sequence[str], *more: Manifest) -> Manifest:
+    expression = {"key": policy.cluster.pool_label, "operator": "In", "values": list(pools)}
+    return {"matchExpressions": [expression, *more]}
+
+
+def flex_node_affinity(policy: PoolPolicy, workload: FlexWorkload, target: Target) -> Manifest:
+    """Required: one of the pools ``workload`` may use (``PoolPolicy.pools_for``); preferred,
+    weight 100, its own flex pool when another pool lends.
+
+    On the ``karpenter`` target the lending pools are a second ``nodeSelectorTerm`` that
+    also requires ``KARPENTER_INITIALIZED``: kube-scheduler ORs the terms, so flex lands on
+    the lending pools' running nodes, but no NodePool can satisfy that term, so a pending
+    flex pod makes Karpenter provision its flex pool (the first term) and never a
+    production node (docs/design/lending.md, "Karpenter").
+    """
+    own = policy.pool_of(workload).name
+    lending = [p.name for p in policy.pools_for(workload) if p.name != own]
+    if not lending:
+        return {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [_pool_term(policy, [own])]
+            }
+        }
+    if target == "karpenter":
+        ready = {"key": KARPENTER_INITIALIZED, "operator": "In", "values": ["true"]}
+        terms = [_pool_term(policy, [own]), _pool_term(policy, lending, ready)]
+    else:
+        terms = [_pool_term(policy, [own, *lending])]
+    return {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms},
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": PREFER_OWN_POOL_WEIGHT, "preference": _pool_term(policy, [own])}
+        ],
+    }
+
+
+def flex_pod_affinity() -> Manifest:
+    """Preferred (``PACK_WEIGHT``): a node already running pods of any flex workload, so
+    flex packs onto few nodes and what it gives back is whole free nodes. The term selects
+    pods in the pod's own namespace, ``cluster.flex_namespace``, where every flex pod runs."""
+    flex = {"app.kubernetes.io/part-of": PART_OF, "app.kubernetes.io/component": COMPONENT}
+    term = {"labelSelector": {"matchLabels": flex}, "topologyKey": HOSTNAME_KEY}
+    return {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": PACK_WEIGHT, "podAffinityTerm": term}
+        ]
+    }
+
+
+def deployment(
+    policy: PoolPolicy,
+    workload: FlexWorkload,
+    vllm_args: Sequence[str],
+    pod_labels: Mapping[str, str] | None = None,
+    target: Target = "labels",
+) -> Manifest:
+    """The vLLM Deployment: lowest priority, on its flex pool or a pool that lends (the flex
+    pool preferred), packed onto nodes that run flex, spread over zones, drained on eviction.
+
+    ``replicas`` is left out: the HPA owns it, and a rendered value would fight the HPA on
+    every sync. With ``workload.kv_compaction`` the pod also gets the plugin's initContainer,
+    the compaction sidecar and their volumes (``infra.builders.compaction_sidecar``).
+    """
+    selector = selector_labels(workload.name)
     pod_meta = _meta(policy, workload.name, workload)
     pod_meta["labels"] |= {**(pod_labels or {}), **selector}
     del pod_meta["name"], pod_meta["namespace"]
@@ -330,9 +411,12 @@ def deployment(
                     # neither vLLM nor the sidecar calls the Kubernetes API
                     "automountServiceAccountToken": False,
                     **pull_secrets(policy),
-                    "nodeSelector": {policy.cluster.pool_label: pool.name},
-                    "tolerations": tolerations,
-                    "affinity": {"podAntiAffinity": _anti_affinity(policy, selector)},
+                    "tolerations": flex_tolerations(policy, workload),
+                    "affinity": {
+                        "nodeAffinity": flex_node_affinity(policy, workload, target),
+                        "podAffinity": flex_pod_affinity(),
+                        "podAntiAffinity": _anti_affinity(policy, selector),
+                    },
                     "terminationGracePeriodSeconds": policy.disruption.termination_grace_s,
                     "securityContext": pod_security(),
                     **compaction,
@@ -351,14 +435,18 @@ def _hash_seed_env(policy: PoolPolicy) -> list[Manifest]:
 
 
 def _anti_affinity(policy: PoolPolicy, selector: dict[str, str]) -> Manifest:
-    term = {"labelSelector": {"matchLabels": selector}, "topologyKey": "kubernetes.io/hostname"}
-    if policy.disruption.anti_affinity == "required":
-        return {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
-    return {
+    """Preferred (``ZONE_SPREAD_WEIGHT``): the workload's replicas over zones. With
+    ``disruption.anti_affinity: required`` also at most one replica per node."""
+    zone = {"labelSelector": {"matchLabels": selector}, "topologyKey": ZONE_KEY}
+    out: Manifest = {
         "preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 100, "podAffinityTerm": term}
+            {"weight": ZONE_SPREAD_WEIGHT, "podAffinityTerm": zone}
         ]
     }
+    if policy.disruption.anti_affinity == "required":
+        node = {"labelSelector": {"matchLabels": selector}, "topologyKey": HOSTNAME_KEY}
+        out["requiredDuringSchedulingIgnoredDuringExecution"] = [node]
+    return out
 
 
 def _vllm_container(
@@ -513,7 +601,7 @@ def autoscaler(
                 "name": workload.name,
             },
             "minReplicas": workload.min_replicas,
-            "maxReplicas": workload.max_replicas,
+            "maxReplicas": policy.replica_bound(workload),
             "metrics": [
                 {
                     "type": "External",

@@ -56,8 +56,17 @@ def replay(policy_file: Path, options: Options, label: str) -> Result:
         )
 
 
+def _table(*headers: str, title: str | None = None) -> Table:
+    """A console table whose cells wrap or fold, never end in an ellipsis: every value stays
+    whole on an 80-column terminal."""
+    out = Table(title=title, title_justify="left")
+    for header in headers:
+        out.add_column(header, overflow="fold")
+    return out
+
+
 def print_summary(result: Result, title: str) -> None:
-    table = Table("", "pooled", "fixed topology", title=title, title_justify="left")
+    table = _table("", "pooled", "fixed topology", title=title)
     for row in markdown.rows(result.pooled, result.fixed):
         table.add_row(*row)
     console.print(table)
@@ -79,9 +88,10 @@ def print_classes(result: Result) -> None:
         return
     head, *_ = markdown.class_lines(result.pooled, result.fixed)
     console.print(head, markup=False)
-    table = Table(*markdown.CLASS_COLUMNS)
-    for row in rows:
-        table.add_row(*row)
+    # One column per class and replay (the markdown's rows), so ten figures fit 80 columns.
+    table = _table("", *(f"{row[0]} {row[1]}" for row in rows))
+    for i, figure in enumerate(markdown.CLASS_COLUMNS[2:], start=2):
+        table.add_row(figure, *(row[i] for row in rows))
     console.print(table)
 
 
@@ -96,7 +106,7 @@ def print_tuner(result: Result) -> None:
         for line in rest:
             console.print(line, markup=False)
         return
-    table = Table("proposed", "change", "outcome", "before -> after")
+    table = _table("proposed", "change", "outcome", "before -> after")
     for p in tuner.proposals:
         table.add_row(
             markdown.clock(p.proposed_at_s),
@@ -112,14 +122,15 @@ def print_tuner(result: Result) -> None:
 def write_outputs(
     result: Result, *, json_out: Path | None, plots: Path | None, markdown_out: Path | None
 ) -> list[str]:
-    names: list[str] = []
+    written: list[Path] = []
     if plots is not None:
-        names = [str(p) for p in output.write_plots(plots, result)]
+        written = output.write_plots(plots, result)
     if json_out is not None:
         output.write_json(json_out, result)
     if markdown_out is not None:
-        write_atomic(markdown_out, markdown.report(result, plots=names))
-    return names
+        links = output.relative(written, markdown_out)
+        write_atomic(markdown_out, markdown.report(result, plots=links))
+    return [str(p) for p in written]
 
 
 def whatif(
@@ -168,7 +179,11 @@ def whatif(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the generated production trace.")] = 0,
     layout: Annotated[
-        str, typer.Option(help="policy: the pools as declared; trace: sized to the trace.")
+        str,
+        typer.Option(
+            help="policy: the pools as declared; trace: resizes the hardware to the trace "
+            "(production's peak plus the flex pool), said in the report's assumptions."
+        ),
     ] = "policy",
     fit_production: Annotated[
         bool, typer.Option(help="Scale a production trace larger than the cluster to fit it.")

@@ -229,18 +229,28 @@ class _Builder:
             f"sum by (node) ({requested} or on (node) (0 * {sched})), 0)"
         )
 
-    def reserve(self) -> str:
-        """GPUs every pool keeps unallocated: sum of floor(schedulable GPUs x reserve_ratio)."""
-        own = [r for r in map(self.own_reserve, self.policy.node_pools) if r is not None]
+    def reserve(self, pools: list[NodePool] | None = None) -> str:
+        """GPUs ``pools`` (default: every pool) keep unallocated, each pool's own summed."""
+        chosen = self.policy.node_pools if pools is None else pools
+        own = [r for r in map(self.own_reserve, chosen) if r is not None]
         return f"({' + '.join(own)})" if own else "vector(0)"
 
     def own_reserve(self, pool: NodePool) -> str | None:
-        """GPUs ``pool`` keeps unallocated of its own, floor(schedulable GPUs x reserve_ratio)
-        (no labels); None without a reserve."""
-        if pool.reserve_ratio <= 0:
+        """GPUs ``pool`` keeps unallocated of its own (no labels); None without a reserve.
+
+        ``reserve_ratio``: floor(schedulable GPUs x ratio). Slots (``reserve``): R slots of
+        S GPUs are S x R while at least R nodes' worth of whole slots are free (a node with
+        F free GPUs holds floor(F / S) slots), and S x (R + missing slots) while fewer are:
+        the budget then sheds until whole slots are free again. 0 with no schedulable node."""
+        reserve = self.policy.reserve_of(pool)
+        if reserve.slots:
+            size, count = reserve.slot_gpus, reserve.slots
+            slots = f"sum(floor({self.unallocated_by_node([pool])} / {size}))"
+            return f"(({size} * ({count} + clamp_min({count} - {slots}, 0))) or vector(0))"
+        if reserve.ratio <= 0:
             return None
         gpus = f"sum({self.schedulable_gpus([pool])})"
-        return f"(floor({gpus} * {num(pool.reserve_ratio)}) or vector(0))"
+        return f"(floor({gpus} * {num(reserve.ratio)}) or vector(0))"
 
     def pending_gpus(self, pods: str) -> str:
         """GPUs requested by unbound Pending pods selected by ``pods`` (a 1-per-pod vector)."""
@@ -321,6 +331,14 @@ class _Builder:
             f'deployment="{workload.name}"}})'
         )
 
+    def sharing(self, workload: FlexWorkload) -> int:
+        """Workloads that compete with ``workload`` for GPUs: those whose pools overlap its
+        own (with lending, every workload shares the lending pools)."""
+        mine = {p.name for p in self.policy.pools_for(workload)}
+        return sum(
+            1 for w in self.policy.workloads if mine & {p.name for p in self.policy.pools_for(w)}
+        )
+
     def budget(self, workload: FlexWorkload) -> str:
         """GPUs ``workload`` may occupy: the GPUs it holds plus one of four steps.
 
@@ -330,9 +348,10 @@ class _Builder:
         2. Production keeps more than ``shed_while_production_above`` of the pools' GPUs busy:
            shed one HPA step.
         3. Production keeps less than ``grow_while_production_below`` busy: grow into the
-           smaller
-           of the workload's placeable GPUs and the spare (less waiting flex pods), split over
-           the pool's workloads, in whole replicas.
+           smallest of the placeable GPUs of the workload's pools (its flex pool and every
+           pool that lends), those pools' unallocated GPUs less their reserves, and the spare
+           (less waiting flex pods), split over the workloads sharing those pools, in whole
+           replicas.
         4. Otherwise hold.
 
         An HPA step is ``floor(replicas x HPA_TOLERANCE) + 1`` replicas: the smallest change
@@ -341,17 +360,18 @@ class _Builder:
         utilization only the reserve shed (1) and the hold (4) remain.
         """
         elastic, g = self.policy.elastic, workload.gpus_per_replica
-        pool = self.policy.pool_of(workload)
-        sharing = sum(1 for w in self.policy.workloads if w.pool == workload.pool)
+        pools = self.policy.pools_for(workload)
+        sharing = self.sharing(workload)
         spare, prod = self.spare(), self.production_utilization()
         step = f"((floor({self.spec_replicas(workload)} * {num(HPA_TOLERANCE)}) + 1) * {g})"
         shortfall = f"(ceil(-{spare} / {sharing * g}) * {g})"
-        room = f"((sum(floor({self.unallocated_by_node([pool])} / {g})) * {g}) or vector(0))"
+        free = self.unallocated_by_node(pools)
+        room = f"((sum(floor({free} / {g})) * {g}) or vector(0))"
         spare_for_flex = f"({spare} - {self.flex_pending()})"
         fit = f"(({room} <= on () {spare_for_flex}) or on () {spare_for_flex})"
-        own = self.own_reserve(pool)
-        if own is not None:  # never into the GPUs the flex pool keeps for production
-            kept = f"((sum({self.unallocated_by_node([pool])}) or vector(0)) - {own})"
+        if any(self.own_reserve(p) is not None for p in pools):
+            # never into the GPUs the workload's pools keep for production
+            kept = f"((sum({free}) or vector(0)) - {self.reserve(pools)})"
             fit = f"(({fit} <= on () {kept}) or on () {kept})"
         change = (
             f"(-(({shortfall} >= on () {step}) or on () {step}) and on () ({spare} < 0))"
@@ -435,7 +455,7 @@ class _Builder:
             ),
             Query(
                 FLEX_HEADROOM_GPUS,
-                " or ".join(self.headroom(pool) for pool in p.flex_pools),
+                " or ".join(self.headroom(pool) for pool in p.harvest_pools),
                 "GPUs flex may still grow into on each flex pool (unallocated, within the spare).",
                 "gpus",
             ),

@@ -86,17 +86,28 @@ def _names(pools: list[NodePool]) -> set[str]:
     return {p.name for p in pools}
 
 
-def own_reserve(pool: NodePool, view: ExporterView) -> int:
-    """``_Builder.own_reserve``: floor(schedulable GPUs x reserve_ratio) of one pool."""
+def own_reserve(policy: PoolPolicy, pool: NodePool, view: ExporterView) -> int:
+    """``_Builder.own_reserve``: the GPUs one pool keeps free (0 with no schedulable node).
+
+    A share: floor(schedulable GPUs x reserve_ratio). Slots: S x R while R whole slots of S
+    GPUs are free on single nodes, S x (R + missing slots) while fewer are."""
     nodes = view.schedulable({pool.name})
-    if pool.reserve_ratio <= 0 or not nodes:
+    reserve = policy.reserve_of(pool)
+    if not nodes:
         return 0
-    return math.floor(sum(n.allocatable for n in nodes) * pool.reserve_ratio)
+    if reserve.slots:
+        size, count = reserve.slot_gpus, reserve.slots
+        slots = sum(free // size for free in view.unallocated({pool.name}).values())
+        return size * (count + max(count - slots, 0))
+    if reserve.ratio <= 0:
+        return 0
+    return math.floor(sum(n.allocatable for n in nodes) * reserve.ratio)
 
 
-def reserve(policy: PoolPolicy, view: ExporterView) -> int:
-    """``_Builder.reserve``: every pool's own reserve, summed."""
-    return sum(own_reserve(pool, view) for pool in policy.node_pools)
+def reserve(policy: PoolPolicy, view: ExporterView, pools: list[NodePool] | None = None) -> int:
+    """``_Builder.reserve``: the own reserves of ``pools`` (default: every pool), summed."""
+    chosen = policy.node_pools if pools is None else pools
+    return sum(own_reserve(policy, pool, view) for pool in chosen)
 
 
 def _pending(view: ExporterView, *, production: bool | None, namespace: str | None) -> int:
@@ -129,7 +140,7 @@ def headroom(policy: PoolPolicy, pool: NodePool, view: ExporterView) -> float | 
     room = spare(policy, view)
     if not free or room is None:
         return None
-    kept = sum(free.values()) - own_reserve(pool, view)
+    kept = sum(free.values()) - own_reserve(policy, pool, view)
     return float(max(min(kept, room - _flex_pending(policy, view)), 0))
 
 
@@ -172,7 +183,7 @@ def budget(policy: PoolPolicy, workload: FlexWorkload, view: ExporterView) -> fl
         return None
     g = workload.gpus_per_replica
     elastic = policy.elastic
-    sharing = sum(1 for w in policy.workloads if w.pool == workload.pool)
+    sharing = sharing_workloads(policy, workload)
     step = (math.floor(replicas * HPA_TOLERANCE) + 1) * g
     prod = production_utilization(policy, view)
     change: float
@@ -181,12 +192,18 @@ def budget(policy: PoolPolicy, workload: FlexWorkload, view: ExporterView) -> fl
     elif prod is not None and prod > elastic.shed_while_production_above:
         change = -step
     elif prod is not None and prod < elastic.grow_while_production_below:
-        free = view.unallocated({workload.pool})
+        pools = policy.pools_for(workload)
+        free = view.unallocated(_names(pools))
         placeable = sum(f // g for f in free.values()) * g
-        pool = policy.pool_of(workload)
-        kept = sum(free.values()) - own_reserve(pool, view)
+        kept = sum(free.values()) - reserve(policy, view, pools)
         fit = min(placeable, room_all - _flex_pending(policy, view), kept)
         change = max(math.floor(fit / (sharing * g)) * g, 0)
     else:
         change = 0
     return float(max(held(policy, workload, view) + change, 0))
+
+
+def sharing_workloads(policy: PoolPolicy, workload: FlexWorkload) -> int:
+    """``_Builder.sharing``: workloads whose pools overlap ``workload``'s."""
+    mine = _names(policy.pools_for(workload))
+    return sum(1 for w in policy.workloads if mine & _names(policy.pools_for(w)))

@@ -1,9 +1,15 @@
 """Nodes, pods and the Kubernetes scheduler's part of the loop: placement and preemption.
 
 A small model of what kube-scheduler does with whole-GPU pods: it binds pending pods in
-priority order to a node of an allowed pool with enough unallocated GPUs (the pool the pod
-prefers first, then the least-allocated node, like ``NodeResourcesFit``'s default
-``LeastAllocated``); when none fits and the pod may preempt (``PreemptLowerPriority``), it
+priority order to a node of an allowed pool with enough unallocated GPUs. Production pods
+take the pool they prefer first, then the least-allocated node (``NodeResourcesFit``'s
+default ``LeastAllocated``). Flex pods (``packs``) are scored over every allowed pool the way
+kube-scheduler's default plugins score the rendered Deployment: ``NodeAffinity`` (weight 2:
+the preferred flex pool), ``InterPodAffinity`` (weight 2: nodes already running flex pods,
+the preferred pod affinity), ``NodeResourcesFit`` (weight 1: least allocated), each
+normalized to 0-100 over the feasible nodes; so flex fills its pool and the nodes that run
+flex before empty ones, and what it gives back returns as whole free nodes. When none fits
+and the pod may preempt (``PreemptLowerPriority``), it
 picks the node whose lowest-priority pods free enough GPUs with the fewest PodDisruptionBudget
 violations and victims (PDBs are honoured best-effort, as upstream does), puts the victims
 into graceful termination and nominates the node for the preemptor, whose GPUs no
@@ -60,6 +66,19 @@ class Pod:
     ready_at: float = 0.0
     exit_at: float = 0.0
     pending_since: float = 0.0
+    packs: bool = False
+    """Scored like a flex pod: preferred pool, nodes running flex, least allocated."""
+
+
+class Waiting(Enum):
+    """Why a pending pod is not bound yet."""
+
+    PREEMPTION = "preemption"
+    """Nominated to a node whose victims are still exiting."""
+    FRAGMENTED = "fragmented"
+    """Enough GPUs are free in its pools, but on no single node."""
+    CAPACITY = "capacity"
+    """Its pools lack the free GPUs (or the node is still being provisioned)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +125,7 @@ class Cluster:
         pools: tuple[str, ...],
         now: float,
         startup_s: float,
+        packs: bool = False,
     ) -> Pod:
         pod = Pod(
             next(self._uids),
@@ -118,6 +138,7 @@ class Cluster:
             now,
             startup_s,
             pending_since=now,
+            packs=packs,
         )
         self.pods.add(pod)
         self.by_phase[Phase.PENDING].add(pod)
@@ -207,6 +228,8 @@ class Cluster:
         if pod.nominated is not None:
             node = pod.nominated
             return node if node.free - self._reserved(node, pod) >= pod.gpus else None
+        if pod.packs:
+            return self._packed(pod, now)
         for pool in pod.pools:
             fits = [
                 n
@@ -216,6 +239,41 @@ class Cluster:
             if fits:
                 return max(fits, key=lambda n: (n.free, n.name))
         return None
+
+    def _packed(self, pod: Pod, now: float) -> Node | None:
+        """The feasible node with the highest default-plugin score (module docstring)."""
+        fits = [
+            (pool_rank, n)
+            for pool_rank, pool in enumerate(pod.pools)
+            for n in self._ready_nodes(pool, now)
+            if n.free - self._reserved(n, pod) >= pod.gpus
+        ]
+        if not fits:
+            return None
+        packed = {n: sum(1 for p in n.pods if p.packs) for _, n in fits}
+        low, high = min(packed.values()), max(packed.values())
+
+        def score(entry: tuple[int, Node]) -> tuple[float, int, str]:
+            rank, n = entry
+            affinity = 100.0 if rank == 0 else 0.0
+            together = 100.0 * (packed[n] - low) / (high - low) if high > low else 0.0
+            least = 100.0 * (n.free - pod.gpus) / n.gpus
+            return (2 * affinity + 2 * together + least, -rank, n.name)
+
+        return max(fits, key=score)[1]
+
+    def waiting(self, pod: Pod, now: float) -> Waiting:
+        """Why ``pod`` (pending) is not bound (``Waiting``)."""
+        if pod.nominated is not None:
+            return Waiting.PREEMPTION
+        free = [
+            n.free - self._reserved(n, pod)
+            for pool in pod.pools
+            for n in self._ready_nodes(pool, now)
+        ]
+        if sum(max(f, 0) for f in free) >= pod.gpus:
+            return Waiting.FRAGMENTED
+        return Waiting.CAPACITY
 
     def _bind(self, pod: Pod, node: Node, now: float) -> None:
         self._nominate(pod, None)

@@ -58,7 +58,7 @@ from runtime.sim.classes import (
     pool_saturation,
     record_shed,
 )
-from runtime.sim.cluster import Cluster, Eviction, Node, Phase, Pod
+from runtime.sim.cluster import Cluster, Eviction, Node, Phase, Pod, Waiting
 from runtime.sim.hpa import HpaSpec, HpaState, PodSample, reconcile
 from runtime.sim.production import ProductionGroup, ProductionRule, production_groups
 from runtime.sim.serving import (
@@ -120,7 +120,7 @@ class Layout:
         return cls(
             {p.name: p.max_nodes for p in policy.node_pools},
             {p.name: p.gpus_per_node for p in policy.node_pools},
-            {w.name: w.max_replicas for w in policy.workloads},
+            {w.name: policy.replica_bound(w) for w in policy.workloads},
         )
 
 
@@ -132,6 +132,10 @@ class Series:
     prod_need: list[int] = field(default_factory=list)
     prod_gpus: list[int] = field(default_factory=list)
     prod_pending: list[int] = field(default_factory=list)
+    prod_pending_by_cause: dict[Waiting, list[int]] = field(
+        default_factory=lambda: {cause: [] for cause in Waiting}
+    )
+    """Pending production pods per step by why they wait (``cluster.Waiting``)."""
     prod_busy_served: list[float] = field(default_factory=list)
     prod_busy: list[float] = field(default_factory=list)
     """Production's busy GPU-equivalents in the trace (what it wanted to serve)."""
@@ -155,6 +159,10 @@ class Series:
     """Mean GPU duty cycle of each pool (what dcgm-exporter reports, averaged)."""
     alloc_by_pool: dict[str, list[float]] = field(default_factory=dict)
     """Share of each pool's GPUs requested by bound pods."""
+    flex_by_pool: dict[str, list[int]] = field(default_factory=dict)
+    """GPUs held by running flex replicas in each pool."""
+    capped: dict[str, list[bool]] = field(default_factory=dict)
+    """Per workload: whether its budget asked for more replicas than its HPA's bound."""
 
     def append(self, **values: float) -> None:
         for name, value in values.items():
@@ -212,7 +220,6 @@ class Replay:
     step_s: float
     series: Series
     fleets: dict[str, FleetTotals]
-    prod_tokens_per_gpu_s: float
     classes: dict[str, ClassTotals] = field(default_factory=dict)
     """Per traffic class (a policy with a ``serving`` section; empty without one)."""
     production_fleets: dict[str, FleetTotals] = field(default_factory=dict)
@@ -280,7 +287,6 @@ def replay_pooled(
     flex: list[FlexInput],
     settings: Settings,
     *,
-    prod_tokens_per_gpu_s: float,
     progress: Progress | None = None,
     observe: Observer | None = None,
     tuning: Tuning | None = None,
@@ -301,7 +307,6 @@ def replay_pooled(
         settings.step_s,
         loop.series,
         totals,
-        prod_tokens_per_gpu_s,
         loop.class_totals,
         loop.prod_totals,
     )
@@ -314,14 +319,14 @@ def replay_fixed(
     flex: list[FlexInput],
     settings: Settings,
     *,
-    prod_tokens_per_gpu_s: float,
     classes: ClassPlan | None = None,
 ) -> Replay:
     """The fixed topology on the same hardware and demand (the baseline of every claim).
 
-    Production keeps the most GPUs its instances hold at any time of the trace; flex runs a
-    fixed number of replicas on GPUs no production instance ever holds (at most each
-    workload's bound, workloads in policy order). Nothing is evicted and nothing waits.
+    Production keeps the most GPUs its instances hold at any time of the trace; flex runs on
+    every GPU no production instance ever holds (each workload's bound raised to that; the
+    GPUs split evenly between the workloads, in whole replicas). Nothing is evicted and
+    nothing waits.
     With ``classes`` the same endpoint pickers admit the same requests; production's
     instances lend the GPU time its held GPUs leave idle, split between its groups as in
     the pooled replay.
@@ -330,8 +335,8 @@ def replay_fixed(
     prod_gpus = int(trace.held.max())
     spare = max(0, total - prod_gpus)
     replicas: dict[str, int] = {}
-    for f in flex:
-        n = min(layout.max_replicas[f.workload.name], spare // f.workload.gpus_per_replica)
+    for left, f in zip(range(len(flex), 0, -1), flex, strict=True):
+        n = spare // left // f.workload.gpus_per_replica
         replicas[f.workload.name] = n
         spare -= n * f.workload.gpus_per_replica
     fleets = {f.workload.name: _fleet(policy, f, _admission(classes, f)) for f in flex}
@@ -385,13 +390,14 @@ def replay_fixed(
         series.util_by_pool["flex"].append(duty / flex_gpus if flex_gpus else 0.0)
         series.alloc_by_pool["production"].append(prod_gpus / total if total else 0.0)
         series.alloc_by_pool["flex"].append(flex_gpus / total if total else 0.0)
+        for cause in Waiting:
+            series.prod_pending_by_cause[cause].append(0)
     _close(fleets, totals, settings)
     return Replay(
         "fixed",
         settings.step_s,
         series,
         totals,
-        prod_tokens_per_gpu_s,
         pools.close(fleets, settings),
         pools.totals,
     )
@@ -605,6 +611,9 @@ class _PooledLoop:
         for pool in layout.nodes:
             self.series.util_by_pool[pool] = []
             self.series.alloc_by_pool[pool] = []
+            self.series.flex_by_pool[pool] = []
+        for name in self.workloads:
+            self.series.capped[name] = []
 
     def step(self, step: int) -> None:
         now = step * self.settings.step_s
@@ -687,6 +696,8 @@ class _PooledLoop:
                 current_replicas=self.spec[name],
                 metric=b,
             )
+            bound = self.hpas[name].max_replicas
+            self.series.capped[name].append(b is not None and b > bound * w.gpus_per_replica)
         self.series.prod_busy.append(float(busy))
         self.series.prod_wait_max_s.append(max(waiting, default=0.0))
         self._record(now, want, len(waiting), served, duty, evictions, tokens, self_shed, over)
@@ -745,7 +756,7 @@ class _PooledLoop:
         (which may raise a bound, never lower the policy's)."""
         for name, w in self.workloads.items():
             manifest = autoscaler(self.policy, w, self.settings.hpa_tolerance)
-            bound = max(self.layout.max_replicas[name], w.max_replicas)
+            bound = max(self.layout.max_replicas[name], self.policy.replica_bound(w))
             self.hpas[name] = HpaSpec.from_manifest(_with_max(manifest, bound))
             self.hpa_names[name] = str(manifest["metadata"]["name"])
 
@@ -794,7 +805,8 @@ class _PooledLoop:
     def _flex_pod(self, w: FlexWorkload, now: float) -> Callable[[], Pod]:
         prio = self.policy.priorities.idle_inference
         startup = self.settings.flex_startup_s
-        return self._pod(w.name, False, w.gpus_per_replica, prio, (w.pool,), now, startup)
+        pools = tuple(p.name for p in self.policy.pools_for(w))
+        return self._pod(w.name, False, w.gpus_per_replica, prio, pools, now, startup)
 
     def _pod(
         self,
@@ -816,6 +828,7 @@ class _PooledLoop:
             pools=pools,
             now=now,
             startup_s=startup,
+            packs=not production,
         )
 
     def _replicas(self, owner: str, want: int, now: float, make: Callable[[], Pod]) -> None:
@@ -835,8 +848,8 @@ class _PooledLoop:
         return sum(1 for p in self.cluster.owned(owner) if p.phase is Phase.RUNNING)
 
     def _placeable(self, name: str, w: FlexWorkload) -> int:
-        """GPUs of the workload's pool that its pods hold or could be given."""
-        nodes = self.cluster.nodes.get(w.pool, [])
+        """GPUs of the workload's pools that its pods hold or could be given."""
+        nodes = [n for p in self.policy.pools_for(w) for n in self.cluster.nodes.get(p.name, [])]
         other = sum(p.gpus for n in nodes for p in n.pods if p.owner != name)
         return sum(n.gpus for n in nodes) - other
 
@@ -888,6 +901,17 @@ class _PooledLoop:
             size = c.pool_gpus(pool)
             free = sum(n.free for n in c.nodes[pool])
             self.series.alloc_by_pool[pool].append((size - free) / size if size else 0.0)
+            self.series.flex_by_pool[pool].append(
+                sum(
+                    p.gpus
+                    for n in c.nodes[pool]
+                    for p in n.pods
+                    if not p.production and p.phase is Phase.RUNNING
+                )
+            )
+        causes = [c.waiting(p, now) for p in c.by_phase[Phase.PENDING] if p.production]
+        for cause in Waiting:
+            self.series.prod_pending_by_cause[cause].append(causes.count(cause))
 
     def close(self) -> dict[str, FleetTotals]:
         _close(self.fleets, self.totals, self.settings)

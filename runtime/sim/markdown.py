@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from runtime.sim.report import ClassFigures, KvTier, Summary
+from runtime.sim.report import ClassFigures, Goal, KvTier, Summary, production_unharmed
 from runtime.sim.tuning import ProposalRecord, Span, TunerRun
 from runtime.sim.whatif import Result
 
@@ -17,7 +18,7 @@ Row = tuple[str, str, str]
 
 
 def rows(pooled: Summary, fixed: Summary) -> list[Row]:
-    """(figure, pooled, fixed) for the table of one run."""
+    """(figure, pooled, fixed) for the table of one run; GPU-hours unless it says."""
 
     def f(x: float, digits: int = 1) -> str:
         return f"{x:,.{digits}f}"
@@ -25,33 +26,49 @@ def rows(pooled: Summary, fixed: Summary) -> list[Row]:
     hit = "n/a" if pooled.kv_hit_rate is None else f"{pooled.kv_hit_rate:.1%}"
     hit_fixed = "n/a" if fixed.kv_hit_rate is None else f"{fixed.kv_hit_rate:.1%}"
     return [
-        ("useful tokens/s", f(pooled.useful_tokens_per_s, 0), f(fixed.useful_tokens_per_s, 0)),
-        ("flex tokens/s", f(pooled.flex_tokens_per_s, 0), f(fixed.flex_tokens_per_s, 0)),
         (
-            "harvested / harvestable GPU-h",
-            f"{f(pooled.harvested_gpu_h)} / {f(pooled.harvestable_gpu_h)}",
-            f"{f(fixed.harvested_gpu_h)} / {f(fixed.harvestable_gpu_h)}",
+            "useful GPU-h (production served + flex busy)",
+            f(pooled.useful_gpu_h),
+            f(fixed.useful_gpu_h),
+        ),
+        (
+            "cluster duty cycle",
+            f"{pooled.cluster_duty_cycle:.1%}",
+            f"{fixed.cluster_duty_cycle:.1%}",
+        ),
+        (
+            "harvested / bound GPU-h",
+            f"{f(pooled.harvested_gpu_h)} / {f(pooled.harvest_bound_gpu_h)}",
+            f"{f(fixed.harvested_gpu_h)} / {f(fixed.harvest_bound_gpu_h)}",
         ),
         (
             "harvest efficiency",
-            f"{pooled.harvest_efficiency:.2f}",
-            f"{fixed.harvest_efficiency:.2f}",
+            efficiency_text(pooled.harvest_efficiency),
+            efficiency_text(fixed.harvest_efficiency),
         ),
         (
-            "production pod-minutes unmet",
-            f(pooled.prod_unmet_pod_minutes),
-            f(fixed.prod_unmet_pod_minutes),
+            "bound not harvested, GPU-h (production headroom / reserve / other free / flex "
+            "starting)",
+            losses_text(pooled),
+            losses_text(fixed),
         ),
         (
-            "production busy GPU-h short (replicas starting)",
-            f(pooled.prod_short_gpu_h, 2),
-            f(fixed.prod_short_gpu_h, 2),
+            "production busy GPU-h wanted / short",
+            f"{f(pooled.prod_busy_gpu_h)} / {f(pooled.prod_short_gpu_h, 2)}",
+            f"{f(fixed.prod_busy_gpu_h)} / {f(fixed.prod_short_gpu_h, 2)}",
+        ),
+        (
+            "production pod-minutes pending (preemption / fragmented / capacity)",
+            pending_text(pooled),
+            pending_text(fixed),
         ),
         (
             "flex evictions/min (mean / max)",
             f"{pooled.evictions_per_minute_mean:.2f} / {pooled.evictions_per_minute_max:.2f}",
             f"{fixed.evictions_per_minute_mean:.2f} / {fixed.evictions_per_minute_max:.2f}",
         ),
+        ("flex tokens/s", f(pooled.flex_tokens_per_s, 0), f(fixed.flex_tokens_per_s, 0)),
+        ("flex capped by max_replicas, h", capped_text(pooled), capped_text(fixed)),
         ("KV hit rate", hit, hit_fixed),
         ("KV tokens lost to evictions", f(pooled.kv_tokens_lost, 0), f(fixed.kv_tokens_lost, 0)),
         (
@@ -71,6 +88,37 @@ def rows(pooled: Summary, fixed: Summary) -> list[Row]:
         ),
         *((f"duty cycle, {pool}", f"{duty:.0%}", "") for pool, duty in pooled.duty_cycle.items()),
     ]
+
+
+def efficiency_text(efficiency: float | None) -> str:
+    """Harvest efficiency, or n/a where there was nothing to harvest."""
+    return "n/a" if efficiency is None else f"{efficiency:.2f}"
+
+
+def losses_text(summary: Summary) -> str:
+    """``report.HarvestLosses`` in the table's order."""
+    lost = summary.harvest_lost
+    parts = (lost.production_headroom, lost.reserve, lost.other_free, lost.flex_starting)
+    return " / ".join(f"{value:,.1f}" for value in parts)
+
+
+def pending_text(summary: Summary) -> str:
+    """Production pod-minutes pending by cause: ``preemption / fragmented / capacity``."""
+    return " / ".join(f"{summary.prod_pending_pod_minutes.get(c, 0.0):,.1f}" for c in CAUSES)
+
+
+CAUSES = ("preemption", "fragmented", "capacity")
+"""Why a production pod waited (``runtime.sim.cluster.Waiting``), in the report's order."""
+
+
+def capped_text(summary: Summary, unit: str = "") -> str:
+    """Hours each workload's bound capped it, ``19.3{unit} (llama-8b-flex)`` for each it
+    capped; 0.0 where it never did; n/a in the fixed topology (no HPA there)."""
+    if not summary.flex_capped_h:
+        return "n/a"
+    if not any(summary.flex_capped_h.values()):
+        return "0.0"
+    return ", ".join(f"{h:,.1f}{unit} ({name})" for name, h in summary.flex_capped_h.items() if h)
 
 
 def _first_minute(tier: KvTier) -> str:
@@ -286,20 +334,28 @@ def check_lines(summary: Summary) -> list[str]:
     return [f"- {'holds' if ok else 'VIOLATED'}: {name} ({detail})" for name, ok, detail in items]
 
 
+VERDICT = {True: "met", False: "MISSED", None: "n/a"}
+
+
+def _verdict(goal: Goal) -> str:
+    return f"{VERDICT[goal.met]}: {goal.value}"
+
+
 def goal_lines(result: Result) -> list[str]:
     """The product's goals, each met, MISSED or not applicable in this replay."""
-    verdict = {True: "met", False: "MISSED", None: "n/a"}
-    return [f"- {verdict[g.met]}: {g.name} {g.value} (goal {g.target})" for g in result.goals]
+    return [f"- {VERDICT[g.met]}: {g.name} {g.value} (goal {g.target})" for g in result.goals]
 
 
 def report(result: Result, *, plots: Sequence[str] = ()) -> str:
-    """Markdown of one run (``gpupool whatif --policy``)."""
+    """Markdown of one run (``gpupool whatif --policy``); ``plots``: image paths relative to
+    the report's folder, shown after the headline in their order."""
     p, f = result.pooled, result.fixed
     lines = [
         f"## What-if: pooled vs fixed topology, {p.hours:g} h",
         "",
         headline(result),
         "",
+        *_section([f"![{Path(name).stem}]({name})" for name in plots]),
         "| | pooled | fixed |",
         "|---|---:|---:|",
         *(f"| {a} | {b} | {c} |" for a, b, c in rows(p, f)),
@@ -314,8 +370,6 @@ def report(result: Result, *, plots: Sequence[str] = ()) -> str:
         "",
         *_section(class_lines(p, f)),
         *_section(tuner_lines(result.tuner)),
-        *(f"![{name}]({name})" for name in plots),
-        "",
         "Assumptions:",
         *(f"- {a}" for a in result.assumptions),
         "",
@@ -330,14 +384,25 @@ def _section(lines: list[str]) -> list[str]:
 
 
 def headline(result: Result) -> str:
-    p = result.pooled
-    return (
-        f"**{result.throughput_ratio:.2f}x useful tokens/s** ({p.useful_tokens_per_s:,.0f} vs "
-        f"{result.fixed.useful_tokens_per_s:,.0f}); harvest efficiency "
-        f"{p.harvest_efficiency:.2f}; production pod-minutes unmet "
-        f"{p.prod_unmet_pod_minutes:.1f}; flex evictions {p.evictions_per_minute_mean:.2f}/min "
-        f"(max {p.evictions_per_minute_max:.2f})"
-    )
+    """One line: the useful GPU-hours ratio first, then harvest, production, evictions and
+    flex tokens/s (and the bound, where it capped flex)."""
+    p, f = result.pooled, result.fixed
+    harmed = "unharmed" if production_unharmed(p, f) else "HARMED"
+    pending = ", ".join(f"{p.prod_pending_pod_minutes.get(c, 0.0):,.1f} {c}" for c in CAUSES)
+    parts = [
+        f"**{result.useful_gpu_h_ratio:.2f}x cluster useful GPU-hours** (pooled "
+        f"{p.useful_gpu_h:,.1f} vs fixed {f.useful_gpu_h:,.1f}; cluster duty cycle "
+        f"{f.cluster_duty_cycle:.1%} -> {p.cluster_duty_cycle:.1%})",
+        f"harvested {p.harvested_gpu_h:,.1f} of a {p.harvest_bound_gpu_h:,.1f} GPU-h bound "
+        f"(efficiency {efficiency_text(p.harvest_efficiency)})",
+        f"production {harmed} ({p.prod_short_gpu_h:,.2f} busy GPU-h short vs "
+        f"{f.prod_short_gpu_h:,.2f} fixed; pending pod-minutes: {pending})",
+        f"flex evictions max {p.evictions_per_minute_max:.2f}/min",
+        f"flex tokens/s {p.flex_tokens_per_s:,.0f} pooled vs {f.flex_tokens_per_s:,.0f} fixed",
+    ]
+    if any(p.flex_capped_h.values()):
+        parts.append(f"flex capped by max_replicas for {capped_text(p, ' h')}")
+    return "; ".join(parts)
 
 
 def _requests(summary: Summary) -> str:
@@ -365,24 +430,36 @@ def comparison(
     head_line = "; ".join(
         [
             delta(
+                "useful GPU-h ratio",
+                base.useful_gpu_h_ratio,
+                head.useful_gpu_h_ratio,
+                2,
+                "x",
+            ),
+            delta("harvested GPU-h", b.harvested_gpu_h, h.harvested_gpu_h),
+            delta("production busy GPU-h short", b.prod_short_gpu_h, h.prod_short_gpu_h, 2),
+            delta(
                 "production pod-minutes unmet", b.prod_unmet_pod_minutes, h.prod_unmet_pod_minutes
             ),
-            delta("evictions/min", b.evictions_per_minute_mean, h.evictions_per_minute_mean, 2),
-            delta("harvested GPU-h", b.harvested_gpu_h, h.harvested_gpu_h),
-            delta("useful tokens/s", b.useful_tokens_per_s, h.useful_tokens_per_s, 0),
+            delta("evictions/min (max)", b.evictions_per_minute_max, h.evictions_per_minute_max, 2),
+            delta("flex tokens/s", b.flex_tokens_per_s, h.flex_tokens_per_s, 0),
         ]
     )
     table = [
         f"| | base `{base_ref}` | head `{head_ref}` |",
         "|---|---:|---:|",
+        f"| pooled / fixed useful GPU-h | {base.useful_gpu_h_ratio:.2f}x "
+        f"| {head.useful_gpu_h_ratio:.2f}x |",
         *(
             f"| {name} | {before} | {after} |"
             for (name, before, _), (_, after, _) in zip(
                 rows(b, base.fixed), rows(h, head.fixed), strict=True
             )
         ),
-        f"| pooled / fixed useful tokens/s | {base.throughput_ratio:.2f}x "
-        f"| {head.throughput_ratio:.2f}x |",
+        *(
+            f"| goal: {gb.name} ({gb.target}) | {_verdict(gb)} | {_verdict(gh)} |"
+            for gb, gh in zip(base.goals, head.goals, strict=True)
+        ),
     ]
     details = [
         "<details><summary>Assumptions and details</summary>",
@@ -415,6 +492,10 @@ def comparison(
     lines = [
         MARKER,
         f"## gpupool what-if: `{base_ref}` -> `{head_ref}`, {h.hours:g} h replay",
+        "",
+        f"Head: {headline(head)}",
+        "",
+        f"Base: {headline(base)}",
         "",
         head_line,
         "",

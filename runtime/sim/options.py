@@ -136,18 +136,18 @@ def build_whatif(options: Options, policy: PoolPolicy) -> WhatIf:
 
 DEMO = Options(
     prod_trace=None,
-    flex_traces=("azure-code", "mooncake"),
-    backlogs=(),
+    flex_traces=(),
+    backlogs=("azure-code",),
     rate_scale=1.0,
     hours=None,
     seed=0,
-    layout="trace",
+    layout="policy",
     fit_production=False,
     production_rule="policy",
     prod_target_utilization=0.6,
     startup_s=300.0,
     target="labels",
 )
-"""``gpupool demo`` and the tuner's pull requests: the bundled Alibaba production sample, the
-Azure code and Mooncake flex traces, on a cluster sized to the production trace
-(docs/whatif.md)."""
+"""``gpupool demo`` and the tuner's pull requests: the bundled Alibaba production sample and
+a flex backlog (batch work always queued, request lengths of the bundled Azure code trace)
+for the policy's first workload, on the policy's pools as declared (docs/whatif.md)."""

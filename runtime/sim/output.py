@@ -5,26 +5,33 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import NDArray
 
 from runtime.atomic_file import write_atomic
 from runtime.sim.engine import Replay
 from runtime.sim.report import Summary
 from runtime.sim.whatif import Result
 
-PLOTS = ("gpus.png", "utilization.png", "evictions.png")
+PLOTS = ("gpus_held.png", "duty_cycle.png", "gpus.png", "utilization.png", "evictions.png")
+"""File names of ``write_plots`` (after its prefix), in the order a report shows them."""
 
 
 def as_json(result: Result) -> dict[str, object]:
+    """The result as JSON: ``useful_gpu_h_ratio`` and ``fixed_duty_cycle`` at the top, the
+    goals, each replay's summary (``report.Summary``'s fields) and its series."""
     pooled, fixed = result.replays
     tuner = {} if result.tuner is None else {"tuner": asdict(result.tuner)}
     return {
         **tuner,
-        "throughput_ratio": result.throughput_ratio,
+        "useful_gpu_h_ratio": result.useful_gpu_h_ratio,
+        "fixed_duty_cycle": result.fixed_duty_cycle,
         "production_to_flex": result.production_to_flex,
+        "reserve_gpus": result.reserve_gpus,
         "goals": [asdict(g) for g in result.goals],
         "pooled": _summary(result.pooled),
         "fixed": _summary(result.fixed),
@@ -45,8 +52,37 @@ def _summary(summary: Summary) -> dict[str, object]:
 
 def _series(replay: Replay) -> dict[str, list[float]]:
     s = replay.series
-    names = ("t", "prod_need", "prod_gpus", "prod_pending", "flex_gpus", "free_gpus", "evictions")
-    return {name: [float(v) for v in getattr(s, name)] for name in names}
+    names = (
+        "t",
+        "prod_need",
+        "prod_gpus",
+        "prod_pending",
+        "flex_gpus",
+        "flex_running_gpus",
+        "free_gpus",
+        "evictions",
+    )
+    out = {name: [float(v) for v in getattr(s, name)] for name in names}
+    out["useful_gpus"] = [float(v) for v in useful_gpus(replay)]
+    return out
+
+
+def useful_gpus(replay: Replay) -> NDArray[np.float64]:
+    """Per step: production's served busy GPU-equivalents plus flex's busy ones."""
+    s = replay.series
+    return s.array("prod_busy_served") + s.array("flex_duty") * s.array("flex_running_gpus")
+
+
+def cluster_duty(replay: Replay) -> NDArray[np.float64]:
+    """Per step: useful GPUs over the cluster's GPUs (0 with none)."""
+    total = replay.series.array("total_gpus")
+    return np.divide(useful_gpus(replay), total, out=np.zeros_like(total), where=total > 0)
+
+
+def relative(paths: Sequence[Path], report: Path) -> list[str]:
+    """``paths`` as links from the folder of ``report`` (a markdown file)."""
+    folder = report.resolve().parent
+    return [Path(os.path.relpath(p.resolve(), folder)).as_posix() for p in paths]
 
 
 def write_json(path: Path, result: Result) -> None:
@@ -54,7 +90,9 @@ def write_json(path: Path, result: Result) -> None:
 
 
 def write_plots(folder: Path, result: Result, *, prefix: str = "") -> list[Path]:
-    """GPUs held by production / flex / free, utilization per pool, evictions; PNG files."""
+    """``PLOTS`` as PNG files in ``folder``: GPUs held over time (production, flex per pool,
+    reserve, idle) and the cluster duty cycle pooled vs fixed first, then GPUs held with
+    production's need, utilization per pool and evictions."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,6 +117,35 @@ def write_plots(folder: Path, result: Result, *, prefix: str = "") -> list[Path]
         written.append(path)
 
     fig, ax = plt.subplots(figsize=(9, 4))
+    bands, labels, colors = _held_bands(result)
+    ax.stackplot(hours, *bands, labels=labels, colors=colors)
+    ax.plot(hours, s.array("prod_busy"), color="black", lw=0.8, label="production busy (wanted)")
+    ax.set(xlabel="hours", ylabel="GPUs", title="GPUs held over time (pooled)")
+    ax.legend(loc="upper right", fontsize=7)
+    save(fig, PLOTS[0])
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for replay, color in ((pooled, "#2ca02c"), (fixed, "#1f77b4")):
+        duty = cluster_duty(replay)
+        summary = result.pooled if replay is pooled else result.fixed
+        ax.plot(
+            np.asarray(replay.series.t) / 3600,
+            duty,
+            lw=1,
+            color=color,
+            label=f"{replay.name} (mean {summary.cluster_duty_cycle:.1%})",
+        )
+    ax.set(
+        xlabel="hours",
+        ylabel="useful GPUs / all GPUs",
+        ylim=(0, 1.05),
+        title=f"Cluster duty cycle, pooled vs fixed ({result.useful_gpu_h_ratio:.2f}x useful "
+        "GPU-hours)",
+    )
+    ax.legend(loc="upper right", fontsize=8)
+    save(fig, PLOTS[1])
+
+    fig, ax = plt.subplots(figsize=(9, 4))
     ax.stackplot(
         hours,
         s.array("prod_gpus"),
@@ -98,17 +165,44 @@ def write_plots(folder: Path, result: Result, *, prefix: str = "") -> list[Path]
     )
     ax.set(xlabel="hours", ylabel="GPUs", title="GPUs held (pooled)")
     ax.legend(loc="upper right", fontsize=8)
-    save(fig, PLOTS[0])
+    save(fig, PLOTS[2])
 
     fig, ax = plt.subplots(figsize=(9, 4))
     for pool, values in s.util_by_pool.items():
         ax.plot(hours, values, lw=1, label=f"{pool} duty cycle")
     ax.set(xlabel="hours", ylabel="utilization", ylim=(0, 1.05), title="GPU utilization per pool")
-    ax.legend(loc="upper right", fontsize=8)
-    save(fig, PLOTS[1])
+    if s.util_by_pool:
+        ax.legend(loc="upper right", fontsize=8)
+    save(fig, PLOTS[3])
 
     fig, ax = plt.subplots(figsize=(9, 3))
     ax.bar(hours, s.array("evictions"), width=pooled.step_s / 3600, color="#9467bd")
     ax.set(xlabel="hours", ylabel="flex evictions per step", title="Flex evictions")
-    save(fig, PLOTS[2])
+    save(fig, PLOTS[4])
     return written
+
+
+def _held_bands(
+    result: Result,
+) -> tuple[list[NDArray[np.float64]], list[str], list[str]]:
+    """The pooled replay's GPUs per step, stacked to the cluster's: production's, running
+    flex per pool, flex starting or stopping, unallocated GPUs up to the pools' reserves
+    (``Result.reserve_gpus``, the reserve with every node schedulable) and the rest idle."""
+    s = result.replays[0].series
+    running = s.array("flex_running_gpus")
+    free = s.array("free_gpus")
+    reserve = np.minimum(free, float(result.reserve_gpus))
+    bands = [s.array("prod_gpus")]
+    labels = ["production"]
+    pools = {p: np.asarray(v, dtype=np.float64) for p, v in s.flex_by_pool.items() if any(v)}
+    if not pools:
+        pools = {"all pools": running}
+    greens = ("#2ca02c", "#98df8a", "#17becf", "#9edae5", "#bcbd22")
+    for pool, held in pools.items():
+        bands.append(held)
+        labels.append(f"flex on {pool}")
+    colors = ["#d62728", *(greens[i % len(greens)] for i in range(len(pools)))]
+    bands += [s.array("flex_gpus") - running, reserve, free - reserve]
+    labels += ["flex starting or stopping", "reserve (kept free)", "idle"]
+    colors += ["#ffbb78", "#aec7e8", "#cccccc"]
+    return bands, labels, colors

@@ -75,7 +75,7 @@ def recorded(state: LoopState, earlier: LoopState | None) -> dict[str, list[Samp
     if view.pods:
         waiting = sum(1 for p in view.pods if p.production and p.node is None)
         out[catalogue.PROD_PODS_PENDING].append(((), float(waiting)))
-    for pool in policy.flex_pools:
+    for pool in policy.harvest_pools:
         room = headroom(policy, pool, view)
         if room is not None:
             out[catalogue.FLEX_HEADROOM_GPUS].append((_labels({"pool": pool.name}), room))

@@ -92,10 +92,20 @@ class Result:
     tuner: TunerRun | None = None
     """What the tuner proposed and merged in the pooled replay (``--tuner`` only)."""
 
+    reserve_gpus: int = 0
+    """GPUs the pools' reserves keep free with every node of the layout schedulable (the
+    plots' reserve band)."""
+
     @property
-    def throughput_ratio(self) -> float:
-        base = self.fixed.useful_tokens_per_s
-        return self.pooled.useful_tokens_per_s / base if base else math.inf
+    def useful_gpu_h_ratio(self) -> float:
+        """Pooled over fixed useful GPU-hours (``report.Summary.useful_gpu_h``)."""
+        base = self.fixed.useful_gpu_h
+        return self.pooled.useful_gpu_h / base if base else math.inf
+
+    @property
+    def fixed_duty_cycle(self) -> float:
+        """The fixed topology's cluster duty cycle (where the headline goal applies)."""
+        return self.fixed.cluster_duty_cycle
 
     @property
     def production_to_flex(self) -> float:
@@ -107,7 +117,7 @@ class Result:
     @property
     def goals(self) -> tuple[Goal, ...]:
         """The product's goals (``GOALS``), each with whether this replay met it."""
-        return goals(self.pooled, self.throughput_ratio, self.production_to_flex)
+        return goals(self.pooled, self.fixed, self.useful_gpu_h_ratio)
 
 
 def run(
@@ -170,8 +180,6 @@ def run(
         window = layout.max_replicas[w.name] * w.max_num_seqs * 2 if demand.backlog else 0
         flex.append(FlexInput(w, requests, plan.max_concurrent_tokens, model, window))
     classes = _class_plan(policy, flex_pools, production)
-    reference = flex[0]
-    per_gpu = _production_tokens_per_gpu_s(reference, services[reference.workload.name])
     tuner = None if whatif.tuner is None else TunerLoop(whatif.tuner, models)
     pooled = replay_pooled(
         policy,
@@ -179,22 +187,29 @@ def run(
         trace,
         flex,
         settings,
-        prod_tokens_per_gpu_s=per_gpu,
         progress=progress,
         tuning=tuner,
         classes=classes,
     )
-    fixed = replay_fixed(
-        policy, layout, trace, flex, settings, prod_tokens_per_gpu_s=per_gpu, classes=classes
-    )
+    fixed = replay_fixed(policy, layout, trace, flex, settings, classes=classes)
     assumptions = (
         *(f"service times of {n}: {m.source}" for n, m in services.items()),
         f"production: {describe(groups, settings.production)}; new replicas start in "
         f"{settings.production.startup_s:g} s",
         f"flex replicas start in {settings.flex_startup_s:g} s (image pull + model load)",
-        f"production tokens: busy GPU-equivalents x {per_gpu:,.0f} generated tokens/s "
-        f"(one saturated {reference.workload.name} replica per GPU, an upper bound)",
         f"layout: {_layout_text(policy, layout, whatif.layout)}",
+        *(
+            []
+            if whatif.layout == "policy"
+            else [
+                f"--layout trace resizes the hardware: the replay's cluster has "
+                f"{layout.total_gpus} GPUs, the policy declares "
+                f"{Layout.of_policy(policy).total_gpus}; the figures are of that cluster, "
+                "not the policy's"
+            ]
+        ),
+        "figures in GPU-hours (useful = production's served busy GPU-hours + flex's busy "
+        "GPU-hours); the baseline is the fixed topology on the same hardware",
         f"step {settings.step_s:g} s; budget every {policy.metrics.evaluation_interval}; "
         f"HPA tolerance {settings.hpa_tolerance}; target {settings.target}"
         + (
@@ -206,14 +221,16 @@ def run(
         *([] if classes is None else [_classes_text(classes)]),
         *([] if tuner is None else [_tuner_text(tuner)]),
     )
+    reserve_gpus = _reserve_gpus(policy, layout)
     return Result(
-        summarize(pooled, policy),
-        summarize(fixed, policy),
+        summarize(pooled, policy, reserve_gpus=reserve_gpus),
+        summarize(fixed, policy),  # no reserve: nothing moves there
         (pooled, fixed),
         layout,
         assumptions,
         {n: m.source for n, m in services.items()},
         None if tuner is None else tuner.run(pooled),
+        reserve_gpus,
     )
 
 
@@ -227,17 +244,13 @@ def _tuner_text(tuner: TunerLoop) -> str:
     )
 
 
-def _production_tokens_per_gpu_s(reference: FlexInput, model: ServiceModel) -> float:
-    """Generated tokens/s of one saturated replica of the first workload, per GPU, at its
-    requests' mean context (half of ``max_model_len`` when it has no requests)."""
-    w, r = reference.workload, reference.requests
-    context = (
-        float(np.mean(r.input_tokens + r.output_tokens / 2)) if len(r) else w.max_model_len / 2
+def _reserve_gpus(policy: PoolPolicy, layout: Layout) -> int:
+    """GPUs the pools' reserves keep free with every node of ``layout`` schedulable."""
+    return sum(
+        policy.reserve_of(pool).gpus(layout.nodes[pool.name] * layout.gpus_per_node[pool.name])
+        for pool in policy.node_pools
+        if pool.name in layout.nodes
     )
-    rate = model.saturated_tokens_per_s(
-        max_num_seqs=w.max_num_seqs, context=min(context, w.max_model_len)
-    )
-    return rate / w.gpus_per_replica
 
 
 def _routes(
@@ -366,7 +379,7 @@ def _layout(
         if w.pool == flex_pool.name:
             sharing = sum(1 for x in policy.workloads if x.pool == w.pool)
             fits = nodes[w.pool] * flex_pool.gpus_per_node // w.gpus_per_replica // sharing
-            max_replicas[w.name] = max(w.max_replicas, fits)
+            max_replicas[w.name] = max(policy.replica_bound(w), fits)
     return Layout(nodes, declared.gpus_per_node, max_replicas)
 
 

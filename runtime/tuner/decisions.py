@@ -157,11 +157,14 @@ def _shed_threshold_step(policy: PoolPolicy, settings: TunerSettings) -> tuple[C
 
 
 def _flex_max_replicas_step(policy: PoolPolicy, settings: TunerSettings) -> tuple[Change, ...]:
-    """Every workload that can still grow: + ``flex_replicas_step``, at most its flex pool's
-    GPUs; the rule keeps only the workloads whose HPA runs at its bound."""
+    """Every workload with an explicit bound that can still grow: + ``flex_replicas_step``, at
+    most what its pools hold; the rule keeps only the workloads whose HPA runs at its bound
+    (``max_replicas: auto`` is that already)."""
     changes = []
     for i, workload in enumerate(policy.workloads):
-        bound = policy.pool_of(workload).gpu_capacity // workload.gpus_per_replica
+        if workload.max_replicas == "auto":
+            continue
+        bound = policy.replica_capacity(workload)
         after = min(workload.max_replicas + settings.flex_replicas_step, bound)
         if after > workload.max_replicas:
             path = ("workloads", i, "max_replicas")
@@ -643,8 +646,9 @@ def idle_flex_demand(
     if not steps:
         return NoOp(
             rule,
-            "flex demand is queued but every workload's max_replicas already "
-            "fills its flex pool's GPUs; add flex nodes (node_pools.*.max_nodes)",
+            "flex demand is queued but every workload's max_replicas is auto or already "
+            "fills the GPUs of its pools; add flex nodes (node_pools.*.max_nodes) or lend a "
+            "prod pool (node_pools.*.lend_idle)",
         )
     queues = _split(
         policy, snapshot, settings, catalogue.VLLM_QUEUE_DEPTH, (policy.metrics.workload_label,)

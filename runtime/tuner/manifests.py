@@ -84,8 +84,9 @@ def manifest_diff(change: PolicyChange, *, target: NodePoolTarget) -> str:
 
 
 def whatif_comparison(change: PolicyChange, *, hours: float) -> str:
-    """Markdown of both policies replayed on the bundled traces for ``hours`` (the demo's
-    layout: a cluster sized to the production trace), or one line saying why not."""
+    """Markdown of both policies replayed on the demo's inputs for ``hours`` (each policy's
+    pools as declared, the bundled production trace, a flex backlog), or one line saying
+    why not."""
     options = replace(DEMO, hours=hours)
     try:
         with _committed_pair(change) as files:

@@ -65,7 +65,12 @@ def test_flex_deployment_scheduling_and_shutdown() -> None:
     pod = _one(objs, "Deployment", workload.name)["spec"]["template"]["spec"]
     label = policy.cluster.pool_label
     assert pod["priorityClassName"] == policy.priorities.idle_inference.name
-    assert pod["nodeSelector"] == {label: workload.pool}
+    assert "nodeSelector" not in pod  # the pools are the node affinity's (test_lending.py)
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"][0]["key"] == label
+    assert workload.pool in term["matchExpressions"][0]["values"]
     assert {"key": label, "operator": "Equal", "value": workload.pool, "effect": "NoSchedule"} in (
         pod["tolerations"]
     )
@@ -122,21 +127,31 @@ def test_readiness_fails_within_the_prestop_sleep(period: int, failures: int, pr
 
 
 @pytest.mark.parametrize("mode", ["preferred", "required"])
-def test_anti_affinity_spreads_replicas_across_nodes(mode: str) -> None:
+def test_anti_affinity_spreads_replicas_across_zones(mode: str) -> None:
+    """Both modes prefer the workload's replicas spread over zones, more weakly than they
+    prefer packing onto nodes that run flex; ``required`` also refuses two replicas on one
+    node (docs/design/lending.md)."""
     policy = policy_with({"disruption.anti_affinity": mode})
     dep = _one(_bundle(policy), "Deployment", policy.workloads[0].name)
-    anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    affinity = dep["spec"]["template"]["spec"]["affinity"]
+    anti = affinity["podAntiAffinity"]
     selector = dep["spec"]["selector"]["matchLabels"]
+    (weighted,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert weighted["podAffinityTerm"] == {
+        "labelSelector": {"matchLabels": selector},
+        "topologyKey": "topology.kubernetes.io/zone",
+    }
+    (pack,) = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert pack["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert 0 < weighted["weight"] < pack["weight"] <= 100
     if mode == "required":
         (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
-        assert "preferredDuringSchedulingIgnoredDuringExecution" not in anti
+        assert term == {
+            "labelSelector": {"matchLabels": selector},
+            "topologyKey": "kubernetes.io/hostname",
+        }
     else:
-        (weighted,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
-        term = weighted["podAffinityTerm"]
-    assert term == {
-        "labelSelector": {"matchLabels": selector},
-        "topologyKey": "kubernetes.io/hostname",
-    }
+        assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
     assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
 
 
@@ -158,7 +173,10 @@ def test_pdb_and_hpa_follow_policy() -> None:
     assert pdb["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
     hpa = _one(objs, "HorizontalPodAutoscaler", w.name)["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": w.name}
-    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (w.min_replicas, w.max_replicas)
+    # max_replicas: auto, what the pools hold: gpu-flex 4 x 8 plus the lending gpu-prod 8 x 8
+    assert w.max_replicas == "auto"
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (w.min_replicas, 96)
+    assert hpa["maxReplicas"] == policy.replica_bound(w)
     assert hpa["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 120
     assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 600
     assert hpa["behavior"]["scaleUp"]["policies"] == [

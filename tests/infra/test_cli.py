@@ -101,6 +101,10 @@ def test_demo_validates_renders_and_summarises(tmp_path: Path) -> None:
     assert (tmp_path / "gpupool-flex/horizontalpodautoscaler-llama-8b-flex.yaml").is_file()
 
 
+_AUTO = next(ln for ln in DEFAULT_POLICY.read_text().splitlines() if "max_replicas: auto" in ln)
+"""The shipped flex workload's ``max_replicas`` line (with its comment)."""
+_MANY = _AUTO.replace("auto", "many", 1)
+
 BAD_INPUTS = {
     "unknown key": (
         DEFAULT_POLICY.read_text().replace(
@@ -110,9 +114,10 @@ BAD_INPUTS = {
         "cluster.bogus: unknown field",
     ),
     "wrong type": (
-        DEFAULT_POLICY.read_text().replace("max_replicas: 8", "max_replicas: many"),
-        "    max_replicas: many",
-        "workloads.0.max_replicas: Input should be a valid integer",
+        DEFAULT_POLICY.read_text().replace(_AUTO, _MANY),
+        _MANY,
+        "workloads.0.max_replicas: expected auto or a whole number of replicas from 1 to 5000, "
+        "found 'many'",
     ),
     "invalid yaml": ("cluster:\n  name: [unclosed\nnode_pools: 1\n", None, "invalid YAML"),
 }

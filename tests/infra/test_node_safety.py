@@ -162,7 +162,8 @@ def test_a_pool_without_taints_leaves_the_node_taint_list_alone() -> None:
 def test_gpupool_pods_tolerate_every_taint_their_pools_carry(
     policy: PoolPolicy, target: str
 ) -> None:
-    """The premise of the taint rule: flex pods tolerate every taint of their pool's nodes,
+    """The premise of the taint rule: flex pods tolerate every taint of the nodes of each
+    pool their required node affinity admits (their flex pool and each pool that lends),
     production pods every taint of every pool."""
     if target == "labels":
         taints = {
@@ -181,9 +182,20 @@ def test_gpupool_pods_tolerate_every_taint_their_pools_carry(
     flex = 0
     for deployment in _objects(policy, target, "Deployment"):
         pod = deployment["spec"]["template"]["spec"]
-        pool = pod.get("nodeSelector", {}).get(policy.cluster.pool_label)
-        if pool is not None:
-            flex += 1
+        node = pod.get("affinity", {}).get("nodeAffinity", {})
+        required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if required is None or pod["priorityClassName"] != policy.priorities.idle_inference.name:
+            continue
+        flex += 1
+        pools = {
+            value
+            for term in required["nodeSelectorTerms"]
+            for expression in term["matchExpressions"]
+            if expression["key"] == policy.cluster.pool_label
+            for value in expression["values"]
+        }
+        assert pools == {"gpu-flex", "gpu-prod"}  # the shipped gpu-prod lends
+        for pool in pools:
             assert _admits(pod["tolerations"], by_pool[pool]), pool
     assert flex == len(policy.workloads)
     assert not _admits(production, [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}])

@@ -265,8 +265,9 @@ def test_workloads_are_components_with_named_children() -> pulumi.Output[None]:
     )
 
 
+@pytest.mark.parametrize("target", ["labels", "karpenter"])
 @pulumi_test
-def test_key_fields_as_registered() -> pulumi.Output[None]:
+def test_key_fields_as_registered(target: str) -> pulumi.Output[None]:
     policy = load_policy()
 
     def check(_: Any) -> None:
@@ -290,16 +291,45 @@ def test_key_fields_as_registered() -> pulumi.Output[None]:
         pod = flex["spec"]["template"]["spec"]
         assert pod["terminationGracePeriodSeconds"] == policy.disruption.termination_grace_s >= 30
         assert pod["priorityClassName"] == "gpupool-idle-inference"
-        term = pod["affinity"]["podAntiAffinity"][
-            "preferredDuringSchedulingIgnoredDuringExecution"
-        ][0]
-        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        affinity = pod["affinity"]
+        (spread,) = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert spread["podAffinityTerm"]["topologyKey"] == "topology.kubernetes.io/zone"
+        (pack,) = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert pack["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        # the shipped gpu-prod lends: flex may land there, its own gpu-flex preferred
+        terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+        label = policy.cluster.pool_label
+        if target == "karpenter":  # the lending pool only where Karpenter launched a node
+            assert terms == [
+                {"matchExpressions": [{"key": label, "operator": "In", "values": ["gpu-flex"]}]},
+                {
+                    "matchExpressions": [
+                        {"key": label, "operator": "In", "values": ["gpu-prod"]},
+                        {"key": "karpenter.sh/initialized", "operator": "In", "values": ["true"]},
+                    ]
+                },
+            ]
+            assert len(by_kind["NodePool"]) == len(policy.node_pools)
+        else:
+            assert terms == [
+                {
+                    "matchExpressions": [
+                        {"key": label, "operator": "In", "values": ["gpu-flex", "gpu-prod"]}
+                    ]
+                }
+            ]
+            assert len(by_kind["NodePatch"]) == sum(len(p.nodes) for p in policy.node_pools)
+        (prefer,) = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert prefer["preference"]["matchExpressions"][0]["values"] == ["gpu-flex"]
+        assert {t.get("value") for t in pod["tolerations"]} >= {"gpu-flex", "gpu-prod"}
         (pdb,) = by_kind["PodDisruptionBudget"]
         assert pdb["spec"]["minAvailable"] == policy.disruption.pdb_min_available
         assert pdb["spec"]["selector"] == flex["spec"]["selector"]
-        assert len(by_kind["NodePatch"]) == sum(len(p.nodes) for p in policy.node_pools)
+        assert hpa["spec"]["maxReplicas"] == policy.replica_bound(policy.workloads[0]) == 96
 
-    return _declare(policy, "labels").apply(check)
+    return _declare(policy, target).apply(check)
 
 
 class FakeConfig:

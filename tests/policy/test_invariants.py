@@ -58,7 +58,6 @@ CASES = [
         ["(1)", "(8)", "pdb_min_available", "best-effort"],
     ),
     ("workloads.0.pool", "gpu-prod", "workloads.0.pool", ["gpu-prod", "not a flex pool"]),
-    ("workloads.0.min_replicas", 9, "workloads.0.min_replicas", ["(9)", "(8)"]),
     ("workloads.0.gpus_per_replica", 16, "workloads.0.gpus_per_replica", ["16", "8"]),
     ("node_pools.1.role", "prod", "node_pools", ["exactly one", "found 2"]),
     ("node_pools.1.name", "gpu-prod", "node_pools.1.name", ["repeated"]),
@@ -94,6 +93,24 @@ def test_invariant_rejected_precisely(
         assert word in text, text
     line = source.read_text().splitlines()[problems[0].line - 1]
     assert reported_path.split(".")[-1] in line, (problems[0].line, line)
+
+
+def test_min_replicas_above_an_explicit_max_replicas_is_rejected(tmp_path: Path) -> None:
+    """A number caps the workload: min_replicas above it is refused at min_replicas' line;
+    with ``auto`` (the shipped value) the bound is what the pools hold, 96 here."""
+    doc = _default()
+    set_path(doc, "workloads.0.max_replicas", 8)
+    set_path(doc, "workloads.0.min_replicas", 9)
+    source = _write(doc, tmp_path)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(source)
+    (problem,) = [p for p in caught.value.problems if p.path == "workloads.0.min_replicas"]
+    assert "(9)" in problem.message and "(8)" in problem.message, problem.message
+    assert "min_replicas:" in source.read_text().splitlines()[problem.line - 1]
+
+    set_path(doc, "workloads.0.max_replicas", "auto")
+    policy = load_policy(_write(doc, tmp_path))
+    assert policy.replica_bound(policy.workloads[0]) == 96
 
 
 def test_every_problem_reported_at_once(tmp_path: Path) -> None:

@@ -177,7 +177,46 @@ CASES: list[tuple[str, Edit, str, list[str]]] = [
         "absurd-max-replicas",
         _set(workloads__0__max_replicas=1_000_000),
         "workloads.0.max_replicas",
-        [f"less than or equal to {MAX_REPLICAS}", "1000000"],
+        [f"expected auto or a whole number of replicas from 1 to {MAX_REPLICAS}", "1000000"],
+    ),
+    (
+        "max-replicas-neither-auto-nor-a-number",
+        _set(workloads__0__max_replicas="all"),
+        "workloads.0.max_replicas",
+        ["expected auto or a whole number", "found 'all'"],
+    ),
+    (
+        "flex-pool-lends",
+        _set(node_pools__1__lend_idle=True),
+        "node_pools.1.lend_idle",
+        ["a flex pool always serves flex workloads", "lend_idle is for prod pools"],
+    ),
+    (
+        "slot-reserve-beside-a-ratio",
+        _set(node_pools__0__reserve={"replicas": 2, "of": "inference/llama-70b-prod"}),
+        "node_pools.0.reserve",
+        ["give reserve", "or reserve_ratio (0.2", "not both"],
+    ),
+    (
+        "slot-reserve-of-an-unknown-workload",
+        _set(
+            node_pools__0__reserve_ratio=0.0,
+            node_pools__0__reserve={"replicas": 2, "of": "inference/llama-8b-prod"},
+        ),
+        "node_pools.0.reserve.of",
+        [
+            "'inference/llama-8b-prod' is not a production workload",
+            "expected namespace/name of one of: inference/llama-70b-prod",
+        ],
+    ),
+    (
+        "slot-reserve-beyond-the-pool",
+        _set(
+            node_pools__0__reserve_ratio=0.0,
+            node_pools__0__reserve={"replicas": 17, "of": "inference/llama-70b-prod"},
+        ),
+        "node_pools.0.reserve.replicas",
+        ["17 slots of 4 GPUs do not fit", "(8 nodes x 2 slots)", "lower replicas"],
     ),
     (
         "absurd-production-max-replicas",
@@ -386,39 +425,59 @@ def _warnings(edit: Edit, directory: Path) -> list[Problem]:
     return [w for w in inputs.warnings if w.path.endswith("max_replicas")]
 
 
-def test_more_replicas_than_the_pool_holds_is_a_warning(tmp_path: Path) -> None:
-    """gpu-flex: 4 nodes x 8 GPUs; 33 one-GPU replicas cannot all be scheduled."""
-    assert _warnings(_set(workloads__0__max_replicas=32), tmp_path / "fits") == []
-    (warning,) = _warnings(_set(workloads__0__max_replicas=33), tmp_path)
+@pytest.mark.parametrize(
+    ("lend", "fit", "pools"),
+    [(True, 96, "('gpu-flex', 'gpu-prod')"), (False, 32, "('gpu-flex')")],
+    ids=["lending", "not-lending"],
+)
+def test_more_replicas_than_the_pools_hold_is_a_warning(
+    tmp_path: Path, lend: bool, fit: int, pools: str
+) -> None:
+    """gpu-flex: 4 nodes x 8 GPUs, and the lending gpu-prod 8 x 8 more; one more one-GPU
+    replica than they hold cannot all be scheduled."""
+
+    def replicas(n: int) -> Edit:
+        return _set(node_pools__0__lend_idle=lend, workloads__0__max_replicas=n)
+
+    assert _warnings(replicas(fit), tmp_path / "fits") == []
+    (warning,) = _warnings(replicas(fit + 1), tmp_path)
     assert warning.severity == "warning"
     assert warning.path == "workloads.0.max_replicas"
-    for words in ("max_replicas (33)", "at most 32", "gpu-flex", "lower max_replicas"):
+    for words in (f"max_replicas ({fit + 1})", f"at most {fit}", pools, "max_replicas: auto"):
         assert words in warning.message, warning.message
     assert str(warning).startswith(f"{tmp_path / 'pool.yaml'}:{warning.line}: warning: ")
     line = (tmp_path / "pool.yaml").read_text().splitlines()[warning.line - 1]
     assert "max_replicas:" in line
 
 
-def test_replicas_are_counted_per_node(tmp_path: Path) -> None:
-    """4-GPU replicas on 6-GPU nodes: one per node, so 4 nodes hold 4 replicas although
-    5 x 4 = 20 GPUs is below the pool's 24."""
+@pytest.mark.parametrize(("lend", "fit"), [(False, 4), (True, 4 + 8 * 2)])
+def test_replicas_are_counted_per_node(tmp_path: Path, lend: bool, fit: int) -> None:
+    """4-GPU replicas on 6-GPU flex nodes: one per node, so 4 nodes hold 4 replicas although
+    5 x 4 = 20 GPUs is below the pool's 24; the lending gpu-prod adds 2 per 8-GPU node."""
 
     def replicas(n: int) -> Edit:
         return _set(
+            node_pools__0__lend_idle=lend,
             node_pools__1__gpus_per_node=6,
             workloads__0__gpus_per_replica=4,
             workloads__0__max_replicas=n,
         )
 
-    assert _warnings(replicas(4), tmp_path / "fits") == []
-    (warning,) = _warnings(replicas(5), tmp_path)
-    assert "at most 4 such replicas fit (4 nodes x 1 per node of 6 GPUs)" in warning.message
+    assert _warnings(replicas(fit), tmp_path / "fits") == []
+    (warning,) = _warnings(replicas(fit + 1), tmp_path)
+    assert f"at most {fit} such replicas fit" in warning.message, warning.message
+
+
+def test_auto_max_replicas_is_never_a_capacity_warning(tmp_path: Path) -> None:
+    """``auto`` is what the pools hold, so it cannot exceed them, however large the replicas."""
+    edit = _set(node_pools__1__gpus_per_node=6, workloads__0__gpus_per_replica=4)
+    assert _warnings(edit, tmp_path) == []
 
 
 def test_warnings_without_a_document_are_still_reported() -> None:
     """policy_warnings on a policy with no YAML behind it (the tuner's proposals): line 1."""
     doc = yaml.load(DEFAULT_POLICY.read_text())
-    set_path(doc, "workloads.0.max_replicas", 40)
+    set_path(doc, "workloads.0.max_replicas", 97)  # gpu-flex and the lending gpu-prod hold 96
     warnings = [w for w in policy_warnings(parse_policy(doc)) if w.path.endswith("replicas")]
     assert [(w.file, w.line, w.severity) for w in warnings] == [("<policy>", 1, "warning")]
 

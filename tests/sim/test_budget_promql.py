@@ -5,8 +5,11 @@ exporter states to ``observe``; a sample of them, stratified over the budget's f
 (reserve shortfall, shed, grow, hold), is written as the kube-state-metrics and dcgm-exporter
 series those exporters would publish, loaded with ``promtool tsdb create-blocks-from
 openmetrics``, and the catalogue's spare, production-utilization, headroom and budget
-expressions are evaluated at each state's instant. Both policies are tried: the default and
-one with a flex reserve (so the floor of each pool's reserve is exercised too).
+expressions are evaluated at each state's instant. Four policies are tried: the default
+(gpu-prod lends), the same with lending off, one with a flex reserve (so the floor of each
+pool's reserve is exercised too), and one with a reserve in production replica slots, a
+second flex pool and 4-GPU production pods beside 1-GPU flex pods on lending nodes (so free
+GPUs are fragmented and slots go missing).
 """
 
 from __future__ import annotations
@@ -44,12 +47,25 @@ class Latencies:
 
 def _policies() -> dict[str, PoolPolicy]:
     default = load_policy()
+    assert default.lending_pools, "the shipped example lends gpu-prod"
+    document = default.model_dump(mode="json")
+    document["node_pools"][0]["lend_idle"] = False
+    lending_off = parse_policy(document)
     document = default.model_dump(mode="json")
     document["node_pools"][1]["reserve_ratio"] = 0.3  # 32 GPUs x 0.3 = 9.6: the floor matters
     document["elastic"]["shed_while_production_above"] = 0.5  # production crosses it often
     document["workloads"][0]["max_replicas"] = 32  # >= 10 replicas: HPA steps of 2 and more
     document["production"] = []  # the replay's production follows the trace
-    return {"default": default, "reserve": parse_policy(document)}
+    reserve = parse_policy(document)
+    document = default.model_dump(mode="json")
+    document["node_pools"][0]["reserve_ratio"] = 0.0
+    document["node_pools"][0]["reserve"] = {"replicas": 3, "of": "inference/llama-70b-prod"}
+    second = {**document["node_pools"][1], "name": "gpu-flex-b", "max_nodes": 1, "nodes": []}
+    document["node_pools"].append(second)
+    document["node_pools"][1]["max_nodes"] = 1
+    document["elastic"]["shed_while_production_above"] = 0.5
+    slots = parse_policy(document)
+    return {"default": default, "lending-off": lending_off, "reserve": reserve, "slots": slots}
 
 
 Region = str
@@ -93,7 +109,6 @@ def _states(policy: PoolPolicy) -> list[ExporterView]:
             trace,
             [FlexInput(w, requests, 200_000, Latencies(), backlog_window=4096)],
             Settings(hours=24, flex_startup_s=120, production=rule),
-            prod_tokens_per_gpu_s=1.0,
             observe=lambda _t, view: seen.append(view),
         )
     # A quarter from each step; within a step the states with the most pods first (where a
@@ -107,7 +122,21 @@ def _states(policy: PoolPolicy) -> list[ExporterView]:
         picked += ranked[: STATES // 8]
         spread = np.linspace(0, len(views) - 1, STATES // 8).round().astype(int)
         picked += [views[i] for i in spread]
+    short = [v for v in seen if _slots_short(policy, v)]
+    picked += short[:: max(1, len(short) // (STATES // 8))][: STATES // 8]
     return picked
+
+
+def _slots_short(policy: PoolPolicy, view: ExporterView) -> bool:
+    """A pool with a slot reserve has the GPUs of a slot free, but on no single node enough
+    of them to hold all its slots: the budget's fragmentation term decides."""
+    for pool in policy.node_pools:
+        reserve = policy.reserve_of(pool)
+        free = view.unallocated({pool.name}).values()
+        slots = sum(f // reserve.slot_gpus for f in free)
+        if reserve.slots and sum(free) >= reserve.slot_gpus and slots < reserve.slots:
+            return True
+    return False
 
 
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
@@ -217,15 +246,18 @@ def _value(prom: Server, expr: str, at: int) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
+def _by_pool(prom: Server, expr: str, at: int) -> dict[str, float]:
+    return {r["metric"]["pool"]: float(r["value"][1]) for r in query(prom, expr, at=at)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["default", "reserve"])
+@pytest.mark.parametrize("name", ["default", "lending-off", "reserve", "slots"])
 def test_replay_budget_equals_the_catalogue_promql(
     scenarios: dict[str, tuple[PoolPolicy, list[ExporterView], Server]], name: str
 ) -> None:
     policy, states, prom = scenarios[name]
     catalogue = c.build_catalogue(policy)
     workload = policy.workloads[0]
-    flex_pool = policy.pool_of(workload)
     regions = set()
     for k, view in enumerate(states):
         at = T0 + SPACING_S * k
@@ -233,9 +265,9 @@ def test_replay_budget_equals_the_catalogue_promql(
         assert _value(prom, catalogue.query(c.PRODUCTION_GPU_UTILIZATION), at) == pytest.approx(
             production_utilization(policy, view), abs=1e-12
         ), k
-        assert _value(prom, catalogue.query(c.FLEX_HEADROOM_GPUS), at) == headroom(
-            policy, flex_pool, view
-        ), k
+        expected_room = {p.name: headroom(policy, p, view) for p in policy.harvest_pools}
+        room = _by_pool(prom, catalogue.query(c.FLEX_HEADROOM_GPUS), at)
+        assert room == {p: v for p, v in expected_room.items() if v is not None}, k
         expected = budget(policy, workload, view)
         assert _value(prom, catalogue.query(c.FLEX_GPU_BUDGET), at) == expected, (k, view)
         regions.add(_region(policy, view))
@@ -246,6 +278,16 @@ def test_replay_budget_equals_the_catalogue_promql(
     assert any(p.terminating for v in states for p in v.pods), "no terminating pod sampled"
     if name == "reserve":
         assert max(v.spec_replicas[workload.name] for v in states) >= 10, "no HPA step > 1"
+    prod_nodes = {n.name for v in states for n in v.nodes if n.pool == policy.prod_pool.name}
+    lent = any(p.node in prod_nodes and not p.production for v in states for p in v.pods)
+    if not policy.lending_pools:
+        assert not lent, "flex on production's nodes although no pool lends"
+    elif name in ("default", "slots"):
+        assert lent, "no sampled state has flex on a lending node"
+    if name == "slots":
+        assert any(_slots_short(policy, v) for v in states), (
+            "no sampled state has free GPUs that hold too few whole slots"
+        )
     assert any(p.node is None and p.production for v in states for p in v.pods), (
         "no sampled state has a pending production pod"
     )

@@ -80,7 +80,6 @@ def _tier(
         _production(burst),
         flex,
         settings,
-        prod_tokens_per_gpu_s=100.0,
     )
     return replay, summarize(replay, policy)
 
@@ -199,7 +198,7 @@ def test_the_counterfactual_leaves_the_replay_unchanged(
 
     def run() -> Replay:
         layout = Layout.of_policy(policy)
-        return replay_pooled(policy, layout, trace, flex, settings, prod_tokens_per_gpu_s=1.0)
+        return replay_pooled(policy, layout, trace, flex, settings)
 
     counted = run()
     monkeypatch.setattr(engine, "Fleet", _ServedOnly)

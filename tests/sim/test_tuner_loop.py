@@ -87,9 +87,7 @@ def _replay(
     ]
     settings = Settings(hours=hours, flex_startup_s=60, production=RULE)
     layout = Layout.of_policy(policy)
-    return replay_pooled(
-        policy, layout, trace, flex, settings, prod_tokens_per_gpu_s=1.0, tuning=tuning
-    )
+    return replay_pooled(policy, layout, trace, flex, settings, tuning=tuning)
 
 
 class Spy:
@@ -166,8 +164,9 @@ def test_the_replay_records_every_series_the_tuner_reads_with_the_labels_it_spli
     ):
         assert [s.labels for s in snapshot.series[name]] == [()], name
     assert [s.labels for s in snapshot.series[catalogue.FLEX_HEADROOM_GPUS]] == [
-        (("pool", p.name),) for p in policy.flex_pools
+        (("pool", p.name),) for p in policy.harvest_pools
     ]
+    assert policy.lending_pools, "the shipped policy lends gpu-prod: its headroom is recorded"
     # A 30m window of the 30 s evaluations, as the range selector returns it.
     (utilization,) = snapshot.series[catalogue.PRODUCTION_GPU_UTILIZATION]
     assert len(utilization.samples) == 60
@@ -235,10 +234,13 @@ def test_a_preemption_storm_raises_the_reserve_and_the_replay_evicts_less() -> N
 
 
 def test_idle_production_with_queued_flex_widens_the_hpa_bound_and_flex_grows_into_it() -> None:
-    """Production idle, a flex backlog queued and its HPA at maxReplicas (8) with GPUs to
-    spare: the real idle-flex-demand rule proposes max_replicas 8 -> 10, and after the merge
-    the replay's HPA (rebuilt from the merged policy) lets flex past 8 replicas."""
-    policy, hours = load_policy(), 1.5
+    """Production idle, a flex backlog queued and its HPA at an explicit maxReplicas (8) with
+    GPUs to spare: the real idle-flex-demand rule proposes max_replicas 8 -> 10, and after the
+    merge the replay's HPA (rebuilt from the merged policy) lets flex past 8 replicas."""
+    shipped, hours = load_policy(), 1.5
+    policy = shipped.model_copy(
+        update={"workloads": [shipped.workloads[0].model_copy(update={"max_replicas": 8})]}
+    )
     trace = ProductionTrace("idle", 0.0, 60.0, np.full(90, 10, dtype=np.int64), np.full(90, 5.0))
     loop = TunerLoop(TunerConfig(), _models(policy))
     replay = _replay(policy, trace, hours, loop)
@@ -276,9 +278,10 @@ def test_the_recorded_values_are_the_replays() -> None:
 
     assert newest(catalogue.PRODUCTION_GPU_UTILIZATION) == [pytest.approx(40 / 96)]
     assert newest(catalogue.PROD_PODS_PENDING) == [0.0]
-    # 96 - 80 production - 1 flex = 15 unallocated, less gpu-prod's reserve floor(64 x 0.2).
-    assert newest(catalogue.FLEX_HEADROOM_GPUS) == [3.0]
-    assert newest(catalogue.FLEX_HPA_AT_MAX) == [0.0]  # one replica of 8
+    # gpu-flex: 96 - 80 production - 1 flex = 15 unallocated, less gpu-prod's reserve
+    # floor(64 x 0.2); gpu-prod (lending) is full of production: nothing beyond its reserve.
+    assert newest(catalogue.FLEX_HEADROOM_GPUS) == [3.0, 0.0]
+    assert newest(catalogue.FLEX_HPA_AT_MAX) == [0.0]  # one replica of what the pools hold
     assert newest(catalogue.VLLM_QUEUE_DEPTH) == [0.0]  # one request every 2 s
     assert newest(catalogue.KV_CACHE_HIT_RATE) == [pytest.approx(0.9)]
     (usage,) = newest(catalogue.KV_CACHE_USAGE)

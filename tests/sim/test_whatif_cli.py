@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from policy import DEFAULT_POLICY
 from runtime.cli.app import app
 from runtime.sim.markdown import MARKER
+from runtime.sim.output import PLOTS
 
 runner = CliRunner()
 
@@ -44,17 +45,23 @@ def test_whatif_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     data = json.loads((out / "r.json").read_text())
-    assert data["pooled"]["hours"] == 1.0 and data["throughput_ratio"] > 0
+    assert data["pooled"]["hours"] == 1.0 and data["useful_gpu_h_ratio"] > 0
+    assert data["useful_gpu_h_ratio"] == pytest.approx(
+        data["pooled"]["useful_gpu_h"] / data["fixed"]["useful_gpu_h"]
+    )
     assert "tuner" not in data  # only with --tuner
     text = (out / "r.md").read_text()
     assert "Tuner in the loop" not in text and "Tuner in the loop" not in result.output
-    assert "useful tokens/s" in text and "aiconfigurator-core" in text
+    assert "x cluster useful GPU-hours** (pooled" in text and "aiconfigurator-core" in text
+    assert "useful tokens/s" not in text and "useful tokens/s" not in result.output
     tier = data["pooled"]["kv_tier"]
     assert (tier["kv_preservation"], tier["served_with_tier"]) == ("off", False)
     assert "KV snapshot tier: this policy has `kv_cache.kv_preservation: off`" in text
     (first,) = [line for line in text.splitlines() if "first minute after an eviction" in line]
     assert ("with the snapshot tier" in first) != ("n/a: " in first)
-    assert {p.name for p in out.glob("*.png")} == {"gpus.png", "utilization.png", "evictions.png"}
+    assert {p.name for p in out.glob("*.png")} == set(PLOTS)
+    # the report sits in the plots' folder: its links are bare file names, not cwd paths
+    assert "![gpus_held](gpus_held.png)" in text and str(out) not in text
 
 
 def test_base_and_head_refs_give_one_pr_comment(tmp_path: Path) -> None:
@@ -64,7 +71,9 @@ def test_base_and_head_refs_give_one_pr_comment(tmp_path: Path) -> None:
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "base"], check=True)
-    policy.write_text(policy.read_text().replace("max_replicas: 8", "max_replicas: 4"))
+    text = policy.read_text()
+    assert "reserve_ratio: 0.20 " in text
+    policy.write_text(text.replace("reserve_ratio: 0.20 ", "reserve_ratio: 0.30 "))
     subprocess.run([*git, "commit", "-qam", "head"], check=True)
     comment = tmp_path / "comment.md"
     result = runner.invoke(
@@ -87,6 +96,8 @@ def test_base_and_head_refs_give_one_pr_comment(tmp_path: Path) -> None:
     text = comment.read_text()
     assert text.startswith(MARKER) and "`HEAD~1` -> `HEAD`" in text
     assert "harvested GPU-h" in text and len(text) < 65_000
+    assert "Head: **" in text and "x cluster useful GPU-hours** (pooled" in text
+    assert "| pooled / fixed useful GPU-h |" in text and "| goal: harvest efficiency" in text
     assert text.count("KV snapshot tier: this policy has") == 2  # base and head
 
 

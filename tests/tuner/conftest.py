@@ -30,10 +30,11 @@ def _git(repo: Path, *args: str) -> str:
 
 @pytest.fixture
 def policy_repo(tmp_path: Path) -> Path:
-    """A git repository whose one commit holds policy/pool.yaml as shipped."""
+    """A git repository whose one commit holds the scenarios' policy/pool.yaml: the shipped
+    one with an explicit flex bound (``scenarios.POLICY_TEXT``)."""
     repo = tmp_path / "repo"
     (repo / "policy").mkdir(parents=True)
-    shutil.copy(REPO / "policy" / "pool.yaml", repo / "policy" / "pool.yaml")
+    (repo / "policy" / "pool.yaml").write_text(scenarios.POLICY_TEXT)
     shutil.copytree(REPO / "policy" / "models", repo / "policy" / "models")
     _git(repo, "init", "--quiet", "--initial-branch=main")
     _git(repo, "add", ".")

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from alerts.recording import groups
-from policy import DEFAULT_POLICY, load_policy
+from policy import DEFAULT_POLICY, parse_policy
 from runtime.metrics import catalogue
 from runtime.tuner import signals
 from tests.harness.servers import Server, backfill, require_binary, start_prometheus
@@ -49,7 +49,10 @@ SAMPLES = SPAN_S // STEP_S + 1
 BLIP_AT = SAMPLES - 30
 """Index of a single-sample blip: inside the tuner's window, away from both ends."""
 
-POLICY = load_policy(DEFAULT_POLICY)
+POLICY_TEXT = DEFAULT_POLICY.read_text().replace("max_replicas: auto", "max_replicas: 8", 1)
+"""The shipped policy with an explicit flex bound (8), the one the tuner's scenarios run on:
+the widening lever steps explicit bounds (``auto`` is at what the pools hold already)."""
+POLICY = parse_policy(yaml.safe_load(POLICY_TEXT))
 FLEX_NS = POLICY.cluster.flex_namespace
 WORKLOAD = POLICY.workloads[0]
 PROD_NS = "inference"

@@ -34,7 +34,12 @@ from runtime.vllm import ModelSpec, load_model_spec
 
 AT = 1_000_000.0
 SETTINGS = TunerSettings()
-POLICY = load_policy(DEFAULT_POLICY)
+SHIPPED = load_policy(DEFAULT_POLICY)
+POLICY = SHIPPED.model_copy(
+    update={"workloads": [SHIPPED.workloads[0].model_copy(update={"max_replicas": 8})]}
+)
+"""The shipped policy with an explicit flex bound, the one the widening lever steps
+(``max_replicas: auto`` is at what the pools hold already)."""
 MODELS: dict[str, ModelSpec] = {
     w.name: load_model_spec(DEFAULT_POLICY.parent / w.hf_config) for w in POLICY.workloads
 }
@@ -413,11 +418,21 @@ def test_flex_widening_needs_idle_flex_gpus() -> None:
 
 
 def test_flex_widening_stops_at_pool_capacity() -> None:
+    """At what its pools hold (gpu-flex and the lending gpu-prod: 96 one-GPU replicas) an
+    explicit bound is not widened, and ``auto`` never is."""
+    capacity = POLICY.replica_capacity(POLICY.workloads[0])
+    assert capacity == 96
     full = POLICY.model_copy(
-        update={"workloads": [POLICY.workloads[0].model_copy(update={"max_replicas": 32})]}
-    )  # 4 nodes x 8 GPUs
-    out = idle_flex_demand(policy=full, snapshot=snap(IDLE), settings=SETTINGS)
-    assert isinstance(out, NoOp) and "max_nodes" in out.reason
+        update={"workloads": [POLICY.workloads[0].model_copy(update={"max_replicas": capacity})]}
+    )
+    for policy in (full, SHIPPED):
+        out = idle_flex_demand(policy=policy, snapshot=snap(IDLE), settings=SETTINGS)
+        assert isinstance(out, NoOp) and "max_nodes" in out.reason
+    near = POLICY.model_copy(
+        update={"workloads": [POLICY.workloads[0].model_copy(update={"max_replicas": 95})]}
+    )
+    out = idle_flex_demand(policy=near, snapshot=snap(IDLE), settings=SETTINGS)
+    assert changes(out) == [(("workloads", 0, "max_replicas"), 96)]
 
 
 @pytest.mark.parametrize(

@@ -139,7 +139,7 @@ def test_proposal_branch_is_pushed_to_the_remote(policy_repo: Path, tmp_path: Pa
     git(tmp_path, "init", "--quiet", "--bare", str(remote))
     git(policy_repo, "remote", "add", "origin", str(remote))
     base = resolve(policy_repo, "HEAD")
-    text = SHIPPED.replace("max_replicas: 8", "max_replicas: 10")
+    text = SHIPPED.replace("max_replicas: auto", "max_replicas: 10")
     commit = commit_on_new_branch(
         policy_repo,
         base=base,
@@ -159,7 +159,7 @@ def test_manifest_diff_renders_with_the_model_configs_committed_at_the_base(
     """The PR body's diff is ``gpupool diff`` of both policies (``render_policy_file``), with the
     base commit's model configs even when the work tree lost or changed them."""
     base_text = DEFAULT_POLICY.read_text()
-    new_text = base_text.replace("    max_replicas: 8", "    max_replicas: 10", 1)
+    new_text = base_text.replace("    max_replicas: auto", "    max_replicas: 10", 1)
     assert new_text != base_text
     expected_root = tmp_path / "expected"
     shutil.copytree(REPO / "policy" / "models", expected_root / "models")

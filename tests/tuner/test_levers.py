@@ -28,6 +28,9 @@ from runtime.tuner.yamledit import edit_scalars
 
 SHIPPED = DEFAULT_POLICY.read_text()
 POLICY = load_policy(DEFAULT_POLICY)
+CAPPED = SHIPPED.replace("max_replicas: auto", "max_replicas: 8", 1)
+"""The shipped policy with an explicit flex bound: ``auto`` is at what the pools hold, so the
+widening lever steps from this one."""
 
 
 def test_every_change_is_made_by_a_registered_lever() -> None:
@@ -110,12 +113,14 @@ def behaviour_changes(before: dict[str, str], after: dict[str, str]) -> list[str
 
 @pytest.mark.parametrize("lever", LEVERS, ids=lambda lever: lever.name)
 def test_every_lever_changes_cluster_behaviour(lever: Lever, tmp_path: Path) -> None:
-    changes = lever.steps(POLICY, TunerSettings())
+    assert CAPPED != SHIPPED
+    shutil.copytree(DEFAULT_POLICY.parent / "models", tmp_path / "models")
+    text = SHIPPED if lever.steps(POLICY, TunerSettings()) else CAPPED
+    (tmp_path / "before.yaml").write_text(text)
+    changes = lever.steps(load_policy(tmp_path / "before.yaml"), TunerSettings())
     assert changes, f"{lever.name} has no step from the shipped policy; test it from one that has"
     assert {c.lever for c in changes} == {lever.name}
-    new_text, _ = edit_scalars(SHIPPED, changes)
-    shutil.copytree(DEFAULT_POLICY.parent / "models", tmp_path / "models")
-    (tmp_path / "before.yaml").write_text(SHIPPED)
+    new_text, _ = edit_scalars(text, changes)
     (tmp_path / "after.yaml").write_text(new_text)
     before = render_policy_file(tmp_path / "before.yaml", target="labels")
     after = render_policy_file(tmp_path / "after.yaml", target="labels")

@@ -26,7 +26,7 @@ from tests.harness.servers import REPO, Server, start_prometheus
 from tests.tuner import scenarios
 
 pytestmark = pytest.mark.slow
-SHIPPED = (REPO / "policy" / "pool.yaml").read_text()
+SHIPPED = scenarios.POLICY_TEXT
 
 
 def edited(prefix: str, before: str, after: str) -> tuple[str, str]:
