@@ -61,7 +61,8 @@ GPU_UTILIZATION_METRIC = "gpupool_pod_gpu_utilization"
 (0-1) of one pod's GPUs."""
 
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
-"""dcgm-exporter's GPU utilization gauge, in percent (FACTS.md "Metric names")."""
+"""dcgm-exporter's GPU utilization gauge, in percent (NVIDIA/dcgm-exporter's default counters,
+``default-counters.csv``)."""
 
 SCALE_UP_PERIOD_S = 15
 """Period of the production scale-up policies (Kubernetes' default scale-up behaviour)."""

@@ -6,12 +6,14 @@ label name changes in one place: the policy. Each ``expr`` is standalone (it rea
 exporter series, never another recorded series), so the tuner can also run it on backfilled
 data that no rule ever evaluated: ``build_catalogue(policy).query(KV_CACHE_HIT_RATE)``.
 
-Sources (names in ../shared/FACTS.md): dcgm-exporter (GPU utilization with the pod holding
-each GPU, framebuffer), kube-state-metrics (node labels and allocatable GPUs, pod phases,
-GPU requests, priority classes, deletion marks and disruption reasons, deployment replicas),
-vLLM's own ``/metrics`` and, with ``kv_cache.kv_preservation: filesystem``, the snapshot GC
-sidecar of each flex pod (``gpupool_kv_tier_*``, runtime/kvcache/preservation/gc.py; absent
-otherwise, so its queries record nothing there). The flex budget (``_Builder.budget``) is
+Sources of the series names: dcgm-exporter (NVIDIA/dcgm-exporter, its default counters in
+``default-counters.csv``: GPU utilization with the pod holding each GPU, framebuffer),
+kube-state-metrics (kubernetes/kube-state-metrics: node labels and allocatable GPUs, pod
+phases, GPU requests, priority classes, deletion marks and disruption reasons, deployment
+replicas), vLLM's own ``/metrics`` (vllm-project/vllm 0.32) and, with
+``kv_cache.kv_preservation: filesystem``, the snapshot GC sidecar of each flex pod
+(``gpupool_kv_tier_*``, runtime/kvcache/preservation/gc.py; absent otherwise, so its queries
+record nothing there). The flex budget (``_Builder.budget``) is
 mirrored in Python by ``runtime.sim.budget`` for the what-if engine; change both together.
 Flex evictions come from ``runtime.metrics.evictions`` (``kube_pod_status_reason`` and, on
 kube-state-metrics >= 2.20, ``kube_pod_status_disruption_reason``; docs/alerts.md says what

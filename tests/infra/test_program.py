@@ -1,7 +1,8 @@
 """The Pulumi program under Pulumi's mocks registers exactly the rendered object set.
 
-FACTS.md: set the mocks before the program module is imported; ``@pulumi.runtime.test``
-functions return an Output that the decorator awaits. The recorder keeps every registration.
+Pulumi's mock contract (``pulumi.runtime.set_mocks``): set the mocks before the program
+module is imported; ``@pulumi.runtime.test`` functions return an Output that the decorator
+awaits. The recorder keeps every registration.
 """
 
 from __future__ import annotations

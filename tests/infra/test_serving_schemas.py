@@ -1,5 +1,5 @@
 """Every Gateway API Inference Extension and Gateway API object gpupool renders is valid for
-its vendored CRD (../shared/crds/): jsonschema on the CRD's openAPIV3Schema of the object's
+its vendored CRD (tests/fixtures/crds/): jsonschema on the CRD's openAPIV3Schema of the object's
 version, closed like strict field validation (``_closed``, the Karpenter test's), plus
 hand-written equivalents of the CEL rules that concern what gpupool sets. Each check is shown
 to have teeth: a mutated object is refused.
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,8 @@ from policy import PoolPolicy, parse_policy
 from tests.infra.policies import edited, explicit_args
 from tests.infra.test_karpenter_schema import _closed
 
-CRDS = Path(__file__).resolve().parents[3] / "shared" / "crds"
-"""The vendored CRDs (README there: sources, tags, blob ids)."""
+CRDS = Path(__file__).resolve().parents[1] / "fixtures" / "crds"
+"""The vendored CRDs (README there: sources, tags, blob ids, licence)."""
 
 CRD_FILES = {
     "InferencePool": "gateway-api-inference-extension/v1.6.0/"
@@ -273,3 +275,18 @@ def test_the_option_picks_the_objective_group_and_the_loader_only_served_version
         assert (api, "InferenceObjective") in kinds
     with pytest.raises(ValueError, match="not enough values"):
         crd_validator("llm-d.ai/v1alpha1", "InferenceObjective")  # the CRD serves v1alpha2 only
+
+
+def _git_blob_id(data: bytes) -> str:
+    """What ``git hash-object`` prints for a file holding ``data``."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def test_the_vendored_crds_are_the_upstream_blobs_the_readme_names() -> None:
+    rows = re.findall(
+        r"^\| `([^`]+\.yaml)` \|.*\| `([0-9a-f]{40})` \|", (CRDS / "README.md").read_text(), re.M
+    )
+    assert sorted(path for path, _ in rows) == sorted(CRD_FILES.values())
+    for path, blob in rows:
+        assert _git_blob_id((CRDS / path).read_bytes()) == blob, path
+    assert "Apache License" in (CRDS / "LICENSE").read_text()

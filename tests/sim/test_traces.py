@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import math
 import pickle
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -29,20 +31,39 @@ from runtime.sim.traces import (
     prefix_reuse,
 )
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-"""The public traces, outside the repository (see /shared/data/README.md for their sources)."""
+Bundled = Literal["alibaba", "azure-code", "mooncake"]
 
-ALIBABA = SHARED / "alibaba-genai" / "pod_gpu_duty_cycle_half_a.csv"
-AZURE = SHARED / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
-MOONCAKE = SHARED / "mooncake" / "synthetic_trace.jsonl"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} is not there")
+UPSTREAM_BLOBS: dict[Bundled, str] = {
+    "alibaba": "9092ababe4b5aafc1150e6b4f13612a636d75ccb",
+    "azure-code": "62bd8109d0f2b1bc48206d397ecca48d8de03aab",
+    "mooncake": "e4838049c0dcfc358a5f24ab08251279475cba94",
+}
+"""``git hash-object`` of the public trace each bundled copy was compressed from (sources in
+runtime/sim/data/README.md): for azure-code and mooncake the file at the upstream commit, for
+alibaba the 76-container extract of the upstream archive."""
+
+AZURE_SLICE = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "azure-code-first-1000.csv"
+)
 
 
-def _sources(shared: Path, packaged: Path) -> list[object]:
-    return [
-        pytest.param(shared, marks=needs_shared, id="shared"),
-        pytest.param(packaged, id="bundled"),
-    ]
+def _git_blob_id(data: bytes) -> str:
+    """What ``git hash-object`` prints for a file holding ``data``."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _source(name: Bundled, form: str, folder: Path) -> Path:
+    """The bundled trace ``name`` as shipped (``gz``) or decompressed into ``folder`` under the
+    upstream file name (``plain``), as a user who downloaded the trace has it."""
+    packaged = bundled(name)
+    if form == "gz":
+        return packaged
+    plain = folder / packaged.stem  # x.csv.gz -> x.csv
+    plain.write_bytes(gzip.decompress(packaged.read_bytes()))
+    return plain
+
+
+FORMS = pytest.mark.parametrize("form", ["plain", "gz"])
 
 
 def _reuse_share(trace: FlexTrace) -> float:
@@ -54,9 +75,9 @@ def _reuse_share(trace: FlexTrace) -> float:
 # --- the real traces ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("source", _sources(ALIBABA, bundled("alibaba")))
-def test_alibaba_duty_cycle(source: Path) -> None:
-    trace = load_production_trace(source)
+@FORMS
+def test_alibaba_duty_cycle(form: str, tmp_path: Path) -> None:
+    trace = load_production_trace(_source("alibaba", form, tmp_path))
     assert trace.source.startswith("pod_gpu_duty_cycle_half_a.csv")
     assert trace.held.size == 1441
     assert trace.step_s == 57.0
@@ -69,9 +90,9 @@ def test_alibaba_duty_cycle(source: Path) -> None:
     assert ((trace.busy >= 0) & (trace.busy <= trace.held)).all()
 
 
-@pytest.mark.parametrize("source", _sources(AZURE, bundled("azure-code")))
-def test_azure_code(source: Path) -> None:
-    trace = load_flex_trace(source)
+@FORMS
+def test_azure_code(form: str, tmp_path: Path) -> None:
+    trace = load_flex_trace(_source("azure-code", form, tmp_path))
     assert trace.arrival_s.size == 8819
     assert trace.arrival_s[0] == 0.0
     # 18:17:03.9799600 to 19:14:19.9280160, exactly in the 7th digit
@@ -84,9 +105,9 @@ def test_azure_code(source: Path) -> None:
     assert np.isnan(trace.prefix_last_seen).all()
 
 
-@pytest.mark.parametrize("source", _sources(MOONCAKE, bundled("mooncake")))
-def test_mooncake_synthetic(source: Path) -> None:
-    trace = load_flex_trace(source)
+@FORMS
+def test_mooncake_synthetic(form: str, tmp_path: Path) -> None:
+    trace = load_flex_trace(_source("mooncake", form, tmp_path))
     assert trace.arrival_s.size == 3993
     assert trace.block_tokens == 512
     assert trace.arrival_s[0] == 0.0
@@ -101,18 +122,14 @@ def test_mooncake_synthetic(source: Path) -> None:
     assert 0.63 < _reuse_share(trace) < 0.6396
 
 
-@needs_shared
-@pytest.mark.parametrize(
-    ("packaged", "shared"),
-    [
-        (bundled("alibaba"), ALIBABA),
-        (bundled("azure-code"), AZURE),
-        (bundled("mooncake"), MOONCAKE),
-    ],
-    ids=["alibaba", "azure-code", "mooncake"],
-)
-def test_bundled_copies_are_byte_identical(packaged: Path, shared: Path) -> None:
-    assert gzip.decompress(packaged.read_bytes()) == shared.read_bytes()
+@pytest.mark.parametrize("name", sorted(UPSTREAM_BLOBS))
+def test_bundled_copies_decompress_to_the_upstream_files(name: Bundled) -> None:
+    assert _git_blob_id(gzip.decompress(bundled(name).read_bytes())) == UPSTREAM_BLOBS[name]
+
+
+def test_the_azure_test_slice_is_the_head_of_the_bundled_trace() -> None:
+    full = gzip.decompress(bundled("azure-code").read_bytes()).splitlines(keepends=True)
+    assert AZURE_SLICE.read_bytes() == b"".join(full[:1001])  # header + 1,000 requests
 
 
 def test_specific_loaders_read_the_bundled_traces() -> None:
