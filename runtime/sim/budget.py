@@ -7,6 +7,10 @@ and ``budget`` term by term (same inputs, thresholds, floors and clamps, the sam
 outcomes), and ``tests/sim/test_budget_promql.py`` proves the two equal by writing sampled
 simulated states into a real Prometheus and evaluating the catalogue's queries there. Change
 both together.
+
+The terms read the exporters through ``Exports``: ``ExporterView`` holds every series (what
+the PromQL test writes), and the replay's tallies (``runtime.sim.engine``) give the same
+sums from the cluster's counters without a state per pod.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, cached_property
-from typing import Literal
+from typing import Literal, Protocol
 
 from policy.nodepools import NodePool
 from policy.pool import PoolPolicy
@@ -55,10 +59,40 @@ class PodState:
     util_pct: float | None = None
 
 
+class Exports(Protocol):
+    """The sums the budget's queries take over kube-state-metrics and dcgm-exporter series."""
+
+    @property
+    def spec_replicas(self) -> Mapping[str, int]:
+        """``kube_deployment_spec_replicas`` of each flex Deployment (absent: no series)."""
+        ...
+
+    def schedulable_gpus(self, pools: set[str]) -> int | None:
+        """Allocatable GPUs of the schedulable nodes of ``pools``; None: there is none."""
+        ...
+
+    def free_gpus(self, pools: set[str], unit: int = 1) -> int:
+        """``_Builder.unallocated_by_node`` over ``pools``: whole ``unit``s of each
+        schedulable node's unallocated GPUs, summed."""
+        ...
+
+    def pending_gpus(self, *, production: bool | None, namespace: str | None) -> int:
+        """GPUs of unbound Pending pods (None: any)."""
+        ...
+
+    def production_busy(self) -> float | None:
+        """Production's busy GPU-equivalents (``fsum`` of its pods' duty x GPUs); None when it
+        holds GPUs that no dcgm series attributes to it."""
+        ...
+
+    def held_gpus(self, namespace: str, deployment: str) -> int:
+        """GPUs of the Deployment's bound pods that are not terminating."""
+        ...
+
+
 @dataclass(frozen=True)
 class ExporterView:
-    """What the budget queries read at one instant. ``spec_replicas`` is
-    ``kube_deployment_spec_replicas`` of each flex Deployment (absent: no series)."""
+    """What the budget queries read at one instant, series by series (``Exports``)."""
 
     nodes: tuple[NodeState, ...]
     pods: tuple[PodState, ...]
@@ -81,101 +115,119 @@ class ExporterView:
         """``_Builder.unallocated_by_node``: free GPUs per schedulable node of ``pools``."""
         return {name: free for name, (pool, free) in self._free.items() if pool in pools}
 
+    def schedulable_gpus(self, pools: set[str]) -> int | None:
+        nodes = self.schedulable(pools)
+        return sum(n.allocatable for n in nodes) if nodes else None
+
+    def free_gpus(self, pools: set[str], unit: int = 1) -> int:
+        return sum(free // unit for free in self.unallocated(pools).values())
+
+    def pending_gpus(self, *, production: bool | None, namespace: str | None) -> int:
+        return sum(
+            p.gpus
+            for p in self.pods
+            if p.node is None
+            and p.phase == "Pending"
+            and (production is None or p.production == production)
+            and (namespace is None or p.namespace == namespace)
+        )
+
+    def production_busy(self) -> float | None:
+        busy = [
+            p.util_pct / 100 * p.gpus for p in self.pods if p.production and p.util_pct is not None
+        ]
+        holds = any(p.production and p.node is not None for p in self.pods)
+        return None if holds and not busy else math.fsum(busy)
+
+    def held_gpus(self, namespace: str, deployment: str) -> int:
+        return sum(
+            p.gpus
+            for p in self.pods
+            if p.namespace == namespace
+            and of_deployment(deployment, p.name)
+            and p.node is not None
+            and not p.terminating
+        )
+
 
 def _names(pools: list[NodePool]) -> set[str]:
     return {p.name for p in pools}
 
 
-def own_reserve(policy: PoolPolicy, pool: NodePool, view: ExporterView) -> int:
+def own_reserve(policy: PoolPolicy, pool: NodePool, view: Exports) -> int:
     """``_Builder.own_reserve``: the GPUs one pool keeps free (0 with no schedulable node).
 
     A share: floor(schedulable GPUs x reserve_ratio). Slots: S x R while R whole slots of S
     GPUs are free on single nodes, S x (R + missing slots) while fewer are."""
-    nodes = view.schedulable({pool.name})
+    gpus = view.schedulable_gpus({pool.name})
     reserve = policy.reserve_of(pool)
-    if not nodes:
+    if gpus is None:
         return 0
     if reserve.slots:
         size, count = reserve.slot_gpus, reserve.slots
-        slots = sum(free // size for free in view.unallocated({pool.name}).values())
+        slots = view.free_gpus({pool.name}, size)
         return size * (count + max(count - slots, 0))
     if reserve.ratio <= 0:
         return 0
-    return math.floor(sum(n.allocatable for n in nodes) * reserve.ratio)
+    return math.floor(gpus * reserve.ratio)
 
 
-def reserve(policy: PoolPolicy, view: ExporterView, pools: list[NodePool] | None = None) -> int:
+def reserve(policy: PoolPolicy, view: Exports, pools: list[NodePool] | None = None) -> int:
     """``_Builder.reserve``: the own reserves of ``pools`` (default: every pool), summed."""
     chosen = policy.node_pools if pools is None else pools
     return sum(own_reserve(policy, pool, view) for pool in chosen)
 
 
-def _pending(view: ExporterView, *, production: bool | None, namespace: str | None) -> int:
-    return sum(
-        p.gpus
-        for p in view.pods
-        if p.node is None
-        and p.phase == "Pending"
-        and (production is None or p.production == production)
-        and (namespace is None or p.namespace == namespace)
-    )
-
-
-def spare(policy: PoolPolicy, view: ExporterView) -> int | None:
+def spare(policy: PoolPolicy, view: Exports) -> int | None:
     """``_Builder.spare``: unallocated GPUs beyond the reserves and pending production."""
-    free = view.unallocated(_names(policy.node_pools))
-    if not free:
+    pools = _names(policy.node_pools)
+    if view.schedulable_gpus(pools) is None:
         return None
-    waiting = _pending(view, production=True, namespace=None)
-    return sum(free.values()) - reserve(policy, view) - waiting
+    waiting = view.pending_gpus(production=True, namespace=None)
+    return view.free_gpus(pools) - reserve(policy, view) - waiting
 
 
-def _flex_pending(policy: PoolPolicy, view: ExporterView) -> int:
-    return _pending(view, production=None, namespace=policy.cluster.flex_namespace)
+def _flex_pending(policy: PoolPolicy, view: Exports) -> int:
+    return view.pending_gpus(production=None, namespace=policy.cluster.flex_namespace)
 
 
-def headroom(policy: PoolPolicy, pool: NodePool, view: ExporterView) -> float | None:
+def headroom(policy: PoolPolicy, pool: NodePool, view: Exports) -> float | None:
     """``_Builder.headroom``: min(pool's unallocated GPUs, spare - waiting flex), at least 0."""
-    free = view.unallocated({pool.name})
     room = spare(policy, view)
-    if not free or room is None:
+    if view.schedulable_gpus({pool.name}) is None or room is None:
         return None
-    kept = sum(free.values()) - own_reserve(policy, pool, view)
+    kept = view.free_gpus({pool.name}) - own_reserve(policy, pool, view)
     return float(max(min(kept, room - _flex_pending(policy, view)), 0))
 
 
-def production_utilization(policy: PoolPolicy, view: ExporterView) -> float | None:
+def production_utilization(policy: PoolPolicy, view: Exports) -> float | None:
     """``_Builder.production_utilization``: production's busy GPU-equivalents over the pools'
     schedulable GPUs; 0 if production holds none, None when it holds GPUs that no dcgm series
     attributes to it or no node is schedulable."""
-    total = sum(n.allocatable for n in view.schedulable(_names(policy.node_pools)))
-    busy = [p.util_pct / 100 * p.gpus for p in view.pods if p.production and p.util_pct is not None]
-    holds = any(p.production and p.node is not None for p in view.pods)
-    if total == 0 or (holds and not busy):
+    total = view.schedulable_gpus(_names(policy.node_pools))
+    busy = view.production_busy()
+    if not total or busy is None:
         return None
-    return math.fsum(busy) / total
+    return busy / total
 
 
 @cache
 def _pods_of(deployment: str) -> re.Pattern[str]:
-    """Names of a Deployment's pods: ``<name>-<pod-template-hash>-<suffix>``."""
     return re.compile(rf"{re.escape(deployment)}-[a-z0-9]+-[a-z0-9]+")
 
 
-def held(policy: PoolPolicy, workload: FlexWorkload, view: ExporterView) -> int:
+def of_deployment(deployment: str, pod: str) -> bool:
+    """Whether ``pod`` is named as a pod of ``deployment``: ``<name>-<pod-template-hash>-
+    <suffix>``."""
+    return _pods_of(deployment).fullmatch(pod) is not None
+
+
+def held(policy: PoolPolicy, workload: FlexWorkload, view: Exports) -> int:
     """``_Builder.held``: GPUs of the workload's bound pods that are not terminating."""
-    pattern = _pods_of(workload.name)
-    return sum(
-        p.gpus
-        for p in view.pods
-        if p.namespace == policy.cluster.flex_namespace
-        and pattern.fullmatch(p.name)
-        and p.node is not None
-        and not p.terminating
-    )
+    return view.held_gpus(policy.cluster.flex_namespace, workload.name)
 
 
-def budget(policy: PoolPolicy, workload: FlexWorkload, view: ExporterView) -> float | None:
+def budget(policy: PoolPolicy, workload: FlexWorkload, view: Exports) -> float | None:
     """``_Builder.budget``: GPUs ``workload`` may occupy, or None where PromQL has no series."""
     replicas = view.spec_replicas.get(workload.name)
     room_all = spare(policy, view)
@@ -193,9 +245,9 @@ def budget(policy: PoolPolicy, workload: FlexWorkload, view: ExporterView) -> fl
         change = -step
     elif prod is not None and prod < elastic.grow_while_production_below:
         pools = policy.pools_for(workload)
-        free = view.unallocated(_names(pools))
-        placeable = sum(f // g for f in free.values()) * g
-        kept = sum(free.values()) - reserve(policy, view, pools)
+        names = _names(pools)
+        placeable = view.free_gpus(names, g) * g
+        kept = view.free_gpus(names) - reserve(policy, view, pools)
         fit = min(placeable, room_all - _flex_pending(policy, view), kept)
         change = max(math.floor(fit / (sharing * g)) * g, 0)
     else:

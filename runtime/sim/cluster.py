@@ -17,12 +17,20 @@ lower-priority pod may take meanwhile. A terminating pod holds its GPUs until it
 exits. Karpenter, where the stack's target is ``karpenter``, adds a node to a pool after its
 provisioning delay when a pending pod fits nowhere and preemption cannot help, and removes
 a node that stayed empty for ``consolidate_after``.
+
+At 10,000 GPUs a replay cannot walk every node and pod at every step, so the cluster keeps
+counters as it changes: each pool's nodes in masks by (free GPUs, flex pods, GPUs), one bit
+per node in name order (a choice reads a few dozen masks, and the highest bit is the
+highest-named node, the tie-break), each pool's GPUs by owner, and each owner's pods by
+phase in creation order. Nominated nodes (GPUs promised) and nodes not ready yet are judged
+one by one, as before.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -44,6 +52,8 @@ class Node:
     ready_at: float = 0.0
     empty_since: float | None = 0.0
     pods: set[Pod] = field(default_factory=set)
+    packed: int = 0
+    """Flex pods (``Pod.packs``) bound here, terminating ones included (the affinity term)."""
 
 
 @dataclass(eq=False)
@@ -90,6 +100,66 @@ class Eviction:
     reason: str
 
 
+_Class = tuple[int, int, int]
+"""(free GPUs, flex pods, GPUs) of a node: what its placement score depends on."""
+
+
+@dataclass(eq=False)
+class _Pool:
+    """One pool's nodes in masks by ``_Class`` (a bit per node, in name order) and its GPU
+    counters; ``index`` redoes the masks when Karpenter adds or removes nodes."""
+
+    nodes: list[Node]
+    by_bit: list[Node] = field(default_factory=list)
+    bit: dict[Node, int] = field(default_factory=dict)
+    masks: dict[_Class, int] = field(default_factory=dict)
+    gpus: int = 0
+    free: int = 0
+    bound: Counter[str] = field(default_factory=Counter)
+    """GPUs bound pods of each owner hold here (terminating ones included)."""
+    running: Counter[str] = field(default_factory=Counter)
+    """GPUs running pods of each owner hold here."""
+
+    def index(self) -> None:
+        self.by_bit = sorted(self.nodes, key=lambda n: n.name)
+        self.bit = {n: i for i, n in enumerate(self.by_bit)}
+        self.masks = {}
+        for node in self.by_bit:
+            self.add(node)
+        self.gpus = sum(n.gpus for n in self.nodes)
+        self.free = sum(n.free for n in self.nodes)
+
+    def add(self, node: Node) -> None:
+        key = (node.free, node.packed, node.gpus)
+        self.masks[key] = self.masks.get(key, 0) | 1 << self.bit[node]
+
+    def remove(self, node: Node) -> None:
+        key = (node.free, node.packed, node.gpus)
+        mask = self.masks[key] & ~(1 << self.bit[node])
+        if mask:
+            self.masks[key] = mask
+        else:
+            del self.masks[key]
+
+    def highest(self, mask: int) -> Node:
+        """The highest-named node of ``mask``."""
+        return self.by_bit[mask.bit_length() - 1]
+
+
+@dataclass(eq=False)
+class _Owned:
+    """One owner's pods that count toward its replicas (not terminating), in creation order,
+    and its live pods by phase."""
+
+    production: bool
+    order: dict[Pod, None] = field(default_factory=dict)
+    phases: dict[Phase, set[Pod]] = field(
+        default_factory=lambda: {phase: set() for phase in Phase if phase is not Phase.GONE}
+    )
+    sizes: Counter[tuple[Phase, int]] = field(default_factory=Counter)
+    """Pods by (phase, GPUs per pod)."""
+
+
 @dataclass
 class Cluster:
     """Nodes by pool and every live pod; mutated only through its methods."""
@@ -108,10 +178,24 @@ class Cluster:
         default_factory=lambda: {phase: set() for phase in Phase if phase is not Phase.GONE}
     )
     _nominated: dict[Node, set[Pod]] = field(default_factory=dict)
-    _by_owner: dict[str, set[Pod]] = field(default_factory=dict)
+    """Nodes with GPUs promised to pending preemptors (no empty sets)."""
+    _owners: dict[str, _Owned] = field(default_factory=dict)
     _uids: itertools.count[int] = field(default_factory=itertools.count)
     _names: itertools.count[int] = field(default_factory=itertools.count)
     _provisioning: list[tuple[float, str]] = field(default_factory=list)
+    _pools: dict[str, _Pool] = field(default_factory=dict, init=False)
+    _unready: list[Node] = field(default_factory=list, init=False)
+    """Nodes given with a ``ready_at`` ahead: the only ones that can be not ready (Karpenter
+    adds nodes once they are)."""
+
+    def __post_init__(self) -> None:
+        for pool, nodes in self.nodes.items():
+            self._reindex(pool)
+            self._unready += [n for n in nodes if n.ready_at > 0]
+
+    def _reindex(self, pool: str) -> None:
+        index = self._pools.setdefault(pool, _Pool(self.nodes[pool]))
+        index.index()
 
     # -- pods -------------------------------------------------------------------------
     def create(
@@ -142,25 +226,69 @@ class Cluster:
         )
         self.pods.add(pod)
         self.by_phase[Phase.PENDING].add(pod)
-        self._by_owner.setdefault(owner, set()).add(pod)
+        owned = self._owners.setdefault(owner, _Owned(production))
+        owned.order[pod] = None
+        owned.phases[Phase.PENDING].add(pod)
+        owned.sizes[Phase.PENDING, gpus] += 1
         return pod
 
     def _move(self, pod: Pod, phase: Phase) -> None:
+        owned = self._owners[pod.owner]
         self.by_phase[pod.phase].discard(pod)
+        owned.phases[pod.phase].discard(pod)
+        owned.sizes[pod.phase, pod.gpus] -= 1
+        if pod.node is not None and pod.phase is Phase.RUNNING:
+            self._pools[pod.node.pool].running[pod.owner] -= pod.gpus
         pod.phase = phase
-        if phase is not Phase.GONE:
-            self.by_phase[phase].add(pod)
+        if phase is Phase.GONE or phase is Phase.TERMINATING:
+            owned.order.pop(pod, None)
+        if phase is Phase.GONE:
+            return
+        self.by_phase[phase].add(pod)
+        owned.phases[phase].add(pod)
+        owned.sizes[phase, pod.gpus] += 1
+        if pod.node is not None and phase is Phase.RUNNING:
+            self._pools[pod.node.pool].running[pod.owner] += pod.gpus
 
     def _nominate(self, pod: Pod, node: Node | None) -> None:
         if pod.nominated is not None:
-            self._nominated[pod.nominated].discard(pod)
+            promised = self._nominated[pod.nominated]
+            promised.discard(pod)
+            if not promised:
+                del self._nominated[pod.nominated]
         pod.nominated = node
         if node is not None:
             self._nominated.setdefault(node, set()).add(pod)
 
     def owned(self, owner: str) -> list[Pod]:
         """Pods of ``owner`` that count toward its replicas (not terminating)."""
-        return [p for p in self._by_owner.get(owner, ()) if p.phase is not Phase.TERMINATING]
+        owned = self._owners.get(owner)
+        return [] if owned is None else list(owned.order)
+
+    def live(self, owner: str) -> int:
+        """How many pods count toward ``owner``'s replicas (``len(owned(owner))``)."""
+        owned = self._owners.get(owner)
+        return 0 if owned is None else len(owned.order)
+
+    def count(self, owner: str, phase: Phase) -> int:
+        """Pods of ``owner`` in ``phase``."""
+        owned = self._owners.get(owner)
+        return 0 if owned is None else len(owned.phases[phase])
+
+    def sizes(self, owner: str, phase: Phase) -> dict[int, int]:
+        """Pods of ``owner`` in ``phase`` by GPUs per pod."""
+        owned = self._owners.get(owner)
+        if owned is None:
+            return {}
+        return {gpus: n for (p, gpus), n in owned.sizes.items() if p is phase and n}
+
+    def gpus(self, owner: str, phase: Phase) -> int:
+        """GPUs the pods of ``owner`` in ``phase`` request."""
+        return sum(gpus * n for gpus, n in self.sizes(owner, phase).items())
+
+    def owners(self) -> dict[str, bool]:
+        """Every owner that created a pod, and whether its pods are production's."""
+        return {owner: owned.production for owner, owned in self._owners.items()}
 
     def terminate(self, pod: Pod, now: float) -> None:
         """Graceful deletion: a bound pod keeps its GPUs for the shutdown budget."""
@@ -175,15 +303,35 @@ class Cluster:
         rank = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.RUNNING: 2}
         return sorted(pods, key=lambda p: (rank[p.phase], -p.created, -p.uid))
 
+    def surplus(self, owner: str, count: int) -> list[Pod]:
+        """The first ``count`` of ``scale_down_order(owned(owner))`` without sorting the
+        running pods: pending and starting ones are few, and running ones are taken newest
+        first from the creation order (pods are created as the clock moves forward)."""
+        owned = self._owners[owner]
+        first = self.scale_down_order(
+            [*owned.phases[Phase.PENDING], *owned.phases[Phase.STARTING]]
+        )[:count]
+        running = (p for p in reversed(owned.order) if p.phase is Phase.RUNNING)
+        return first + list(itertools.islice(running, count - len(first)))
+
     def _drop(self, pod: Pod) -> None:
         self._nominate(pod, None)
         self._move(pod, Phase.GONE)
         self.pods.discard(pod)
-        self._by_owner[pod.owner].discard(pod)
         if pod.node is not None:
-            pod.node.free += pod.gpus
+            self._book(pod.node, pod, -1)
             pod.node.pods.discard(pod)
             pod.node = None
+
+    def _book(self, node: Node, pod: Pod, sign: int) -> None:
+        """Take ``pod``'s GPUs on ``node`` (``sign`` 1) or give them back (-1), counters too."""
+        index = self._pools[node.pool]
+        index.remove(node)
+        node.free -= sign * pod.gpus
+        node.packed += sign * pod.packs
+        index.add(node)
+        index.free -= sign * pod.gpus
+        index.bound[pod.owner] += sign * pod.gpus
 
     # -- time -------------------------------------------------------------------------
     def advance(self, now: float) -> None:
@@ -224,6 +372,22 @@ class Cluster:
     def _ready_nodes(self, pool: str, now: float) -> list[Node]:
         return [n for n in self.nodes.get(pool, []) if n.ready_at <= now]
 
+    def _fits(self, node: Node, pod: Pod, now: float) -> bool:
+        return node.ready_at <= now and node.free - self._reserved(node, pod) >= pod.gpus
+
+    def _special(self, index: _Pool, now: float) -> tuple[list[Node], int]:
+        """The pool's nodes its masks cannot judge alone (GPUs promised to a preemptor, or not
+        ready at ``now``), and their mask."""
+        nodes = [
+            n
+            for n in dict.fromkeys(itertools.chain(self._nominated, self._unready))
+            if n in index.bit and (n in self._nominated or n.ready_at > now)
+        ]
+        mask = 0
+        for node in nodes:
+            mask |= 1 << index.bit[node]
+        return nodes, mask
+
     def _fit(self, pod: Pod, now: float) -> Node | None:
         if pod.nominated is not None:
             node = pod.nominated
@@ -231,47 +395,76 @@ class Cluster:
         if pod.packs:
             return self._packed(pod, now)
         for pool in pod.pools:
-            fits = [
-                n
-                for n in self._ready_nodes(pool, now)
-                if n.free - self._reserved(n, pod) >= pod.gpus
-            ]
-            if fits:
-                return max(fits, key=lambda n: (n.free, n.name))
+            best = self._least_allocated(pool, pod, now)
+            if best is not None:
+                return best
+        return None
+
+    def _least_allocated(self, pool: str, pod: Pod, now: float) -> Node | None:
+        """The feasible node of ``pool`` with the most free GPUs, the highest name on a tie."""
+        index = self._pools.get(pool)
+        if index is None:
+            return None
+        _, special = self._special(index, now)
+        by_free: dict[int, int] = {}
+        for (free, _, _), mask in index.masks.items():
+            if free >= pod.gpus:
+                by_free[free] = by_free.get(free, 0) | mask
+        for free in sorted(by_free, reverse=True):
+            mask = by_free[free]
+            while mask:
+                node = index.highest(mask)
+                if not special >> index.bit[node] & 1 or self._fits(node, pod, now):
+                    return node
+                mask &= ~(1 << index.bit[node])
         return None
 
     def _packed(self, pod: Pod, now: float) -> Node | None:
-        """The feasible node with the highest default-plugin score (module docstring)."""
-        fits = [
-            (pool_rank, n)
-            for pool_rank, pool in enumerate(pod.pools)
-            for n in self._ready_nodes(pool, now)
-            if n.free - self._reserved(n, pod) >= pod.gpus
-        ]
+        """The feasible node with the highest default-plugin score (module docstring): nodes
+        of one class score the same, so each class offers its highest-named node."""
+        fits: list[tuple[int, _Class, Node]] = []
+        for pool_rank, pool in enumerate(pod.pools):
+            index = self._pools.get(pool)
+            if index is None:
+                continue
+            special_nodes, special = self._special(index, now)
+            for key, mask in index.masks.items():
+                mask &= ~special
+                if key[0] >= pod.gpus and mask:
+                    fits.append((pool_rank, key, index.highest(mask)))
+            fits += [
+                (pool_rank, (n.free, n.packed, n.gpus), n)
+                for n in special_nodes
+                if self._fits(n, pod, now)
+            ]
         if not fits:
             return None
-        packed = {n: sum(1 for p in n.pods if p.packs) for _, n in fits}
-        low, high = min(packed.values()), max(packed.values())
+        low, high = min(k[1] for _, k, _ in fits), max(k[1] for _, k, _ in fits)
 
-        def score(entry: tuple[int, Node]) -> tuple[float, int, str]:
-            rank, n = entry
+        def score(entry: tuple[int, _Class, Node]) -> tuple[float, int, str]:
+            rank, (free, packed, gpus), n = entry
             affinity = 100.0 if rank == 0 else 0.0
-            together = 100.0 * (packed[n] - low) / (high - low) if high > low else 0.0
-            least = 100.0 * (n.free - pod.gpus) / n.gpus
+            together = 100.0 * (packed - low) / (high - low) if high > low else 0.0
+            least = 100.0 * (free - pod.gpus) / gpus
             return (2 * affinity + 2 * together + least, -rank, n.name)
 
-        return max(fits, key=score)[1]
+        return max(fits, key=score)[2]
 
     def waiting(self, pod: Pod, now: float) -> Waiting:
         """Why ``pod`` (pending) is not bound (``Waiting``)."""
         if pod.nominated is not None:
             return Waiting.PREEMPTION
-        free = [
-            n.free - self._reserved(n, pod)
-            for pool in pod.pools
-            for n in self._ready_nodes(pool, now)
-        ]
-        if sum(max(f, 0) for f in free) >= pod.gpus:
+        free = 0
+        for pool in pod.pools:
+            index = self._pools.get(pool)
+            if index is None:
+                continue
+            special_nodes, _ = self._special(index, now)
+            free += index.free - sum(n.free for n in special_nodes)
+            free += sum(
+                max(n.free - self._reserved(n, pod), 0) for n in special_nodes if n.ready_at <= now
+            )
+        if free >= pod.gpus:
             return Waiting.FRAGMENTED
         return Waiting.CAPACITY
 
@@ -280,7 +473,7 @@ class Cluster:
         pod.node = node
         self._move(pod, Phase.STARTING)
         pod.ready_at = now + pod.startup_s
-        node.free -= pod.gpus
+        self._book(node, pod, 1)
         node.pods.add(pod)
         node.empty_since = None
 
@@ -325,7 +518,7 @@ class Cluster:
             available += victim.gpus
         violations = 0
         for owner in {v.owner for v in chosen}:
-            left = sum(1 for p in self.owned(owner) if p.phase is Phase.RUNNING) - sum(
+            left = self.count(owner, Phase.RUNNING) - sum(
                 1 for v in chosen if v.owner == owner and v.phase is Phase.RUNNING
             )
             violations += left < self.pdb_min_available
@@ -354,11 +547,12 @@ class Cluster:
             return
         due = [(t, pool) for t, pool in self._provisioning if t <= now]
         self._provisioning = [(t, pool) for t, pool in self._provisioning if t > now]
+        changed = {pool for _, pool in due}
         for t, pool in due:
             gpus = self.gpus_per_node[pool]
             name = f"{pool}-k{next(self._names)}"
             self.nodes.setdefault(pool, []).append(Node(name, pool, gpus, gpus, ready_at=t))
-        for nodes in self.nodes.values():
+        for pool, nodes in self.nodes.items():
             for node in list(nodes):
                 if node.pods:
                     node.empty_since = None
@@ -367,7 +561,37 @@ class Cluster:
                     node.empty_since = now
                 elif now - node.empty_since >= self.consolidate_after_s:
                     nodes.remove(node)
+                    changed.add(pool)
+        for pool in changed:
+            self._reindex(pool)
 
     # -- views ------------------------------------------------------------------------
     def pool_gpus(self, pool: str) -> int:
-        return sum(n.gpus for n in self.nodes.get(pool, []))
+        index = self._pools.get(pool)
+        return 0 if index is None else index.gpus
+
+    def pool_free(self, pool: str) -> int:
+        """Unallocated GPUs of the pool's nodes."""
+        index = self._pools.get(pool)
+        return 0 if index is None else index.free
+
+    def pool_owners(self, pool: str) -> tuple[Mapping[str, int], Mapping[str, int]]:
+        """GPUs on the pool's nodes by owner: of bound pods (terminating ones included), and
+        of running pods."""
+        index = self._pools.get(pool)
+        return ({}, {}) if index is None else (index.bound, index.running)
+
+    def ready(self, pool: str, now: float, unit: int = 1) -> tuple[int, int] | None:
+        """Of the pool's nodes ready at ``now``: their GPUs, and the whole ``unit``s of
+        unallocated GPUs summed per node; None: no node is ready."""
+        index = self._pools.get(pool)
+        if index is None:
+            return None
+        nodes = gpus = units = 0
+        for (free, _, size), mask in index.masks.items():
+            n = mask.bit_count()
+            nodes, gpus, units = nodes + n, gpus + n * size, units + n * (free // unit)
+        for node in self._unready:
+            if node in index.bit and node.ready_at > now:
+                nodes, gpus, units = nodes - 1, gpus - node.gpus, units - node.free // unit
+        return (gpus, units) if nodes else None

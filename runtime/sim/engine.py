@@ -30,6 +30,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Literal, Protocol
 
 import numpy as np
@@ -42,10 +43,12 @@ from policy.priorities import PriorityTier
 from policy.workloads import FlexWorkload
 from runtime.sim.budget import (
     ExporterView,
+    Exports,
     NodeState,
     PodState,
     budget,
     held,
+    of_deployment,
     production_utilization,
     spare,
 )
@@ -670,16 +673,22 @@ class _PooledLoop:
         duty = _pool_duty(c, util)
         view: ExporterView | None = None
         if step % self.eval_every == 0:
-            view = _exporter_view(c, now, util, self.spec, self.identity, self.pod_states)
-            if self.observe is not None:
-                self.observe(now, view)
-            room, load = spare(self.policy, view), production_utilization(self.policy, view)
+            exports: Exports
+            if self.observe is None and self.tuning is None:
+                exports = Tallies(c, now, util, dict(self.spec), self.identity)
+            else:
+                view = _exporter_view(c, now, util, self.spec, self.identity, self.pod_states)
+                if self.observe is not None:
+                    self.observe(now, view)
+                exports = view
+            room = spare(self.policy, exports)
+            load = production_utilization(self.policy, exports)
             self.production_needs = (room is not None and room < 0) or (
                 load is not None and load > self.policy.elastic.shed_while_production_above
             )
             for name, w in self.workloads.items():
-                self.budget[name] = budget(self.policy, w, view)
-                self.held[name] = held(self.policy, w, view)
+                self.budget[name] = budget(self.policy, w, exports)
+                self.held[name] = held(self.policy, w, exports)
         waiting = [now - p.pending_since for p in c.by_phase[Phase.PENDING] if p.production]
         self_shed = over = 0
         for name, w in self.workloads.items():
@@ -833,25 +842,28 @@ class _PooledLoop:
 
     def _replicas(self, owner: str, want: int, now: float, make: Callable[[], Pod]) -> None:
         """The ReplicaSet controller: create or delete pods until ``want`` are live."""
-        pods = self.cluster.owned(owner)
-        for _ in range(want - len(pods)):
+        live = self.cluster.live(owner)
+        for _ in range(want - live):
             make()
-        if len(pods) <= want:
+        if live <= want:
             return
-        for pod in self.cluster.scale_down_order(pods)[: len(pods) - want]:
+        for pod in self.cluster.surplus(owner, live - want):
             before = self._running(owner)
             self.cluster.terminate(pod, now)
             if owner in self.fleets and pod.phase is Phase.TERMINATING:
                 self.fleets[owner].lose_replicas(before - self._running(owner), before, now)
 
     def _running(self, owner: str) -> int:
-        return sum(1 for p in self.cluster.owned(owner) if p.phase is Phase.RUNNING)
+        return self.cluster.count(owner, Phase.RUNNING)
 
     def _placeable(self, name: str, w: FlexWorkload) -> int:
         """GPUs of the workload's pools that its pods hold or could be given."""
-        nodes = [n for p in self.policy.pools_for(w) for n in self.cluster.nodes.get(p.name, [])]
-        other = sum(p.gpus for n in nodes for p in n.pods if p.owner != name)
-        return sum(n.gpus for n in nodes) - other
+        placeable = 0
+        for pool in self.policy.pools_for(w):
+            bound, _ = self.cluster.pool_owners(pool.name)
+            other = sum(bound.values()) - bound.get(name, 0)
+            placeable += self.cluster.pool_gpus(pool.name) - other
+        return placeable
 
     def _record(
         self,
@@ -866,19 +878,21 @@ class _PooledLoop:
         over: int,
     ) -> None:
         c = self.cluster
+        production = c.owners()
         prod = flex = flex_running = 0
         flex_busy = 0.0
-        for pod in c.pods:
-            if pod.node is None:
-                continue
-            if pod.production:
-                prod += pod.gpus
-            else:
-                flex += pod.gpus
-                if pod.phase is Phase.RUNNING:
-                    flex_running += pod.gpus
-                    flex_busy += pod.gpus * self.flex_util[pod.owner]
-        total = sum(self.cluster.pool_gpus(p) for p in c.nodes)
+        for pool in c.nodes:
+            bound, running = c.pool_owners(pool)
+            for owner, gpus in bound.items():
+                if production[owner]:
+                    prod += gpus
+                else:
+                    flex += gpus
+            for owner, gpus in running.items():
+                if not production[owner]:
+                    flex_running += gpus
+                    flex_busy += gpus * self.flex_util[owner]
+        total = sum(c.pool_gpus(p) for p in c.nodes)
         self.series.append(
             t=now,
             prod_need=want,
@@ -887,7 +901,9 @@ class _PooledLoop:
             prod_busy_served=served,
             flex_gpus=flex,
             flex_running_gpus=flex_running,
-            flex_pending=sum(1 for p in c.by_phase[Phase.PENDING] if not p.production),
+            flex_pending=sum(
+                c.count(owner, Phase.PENDING) for owner, prod in production.items() if not prod
+            ),
             flex_duty=flex_busy / flex_running if flex_running else 0.0,
             free_gpus=total - prod - flex,
             total_gpus=total,
@@ -899,15 +915,12 @@ class _PooledLoop:
         for pool, mean in duty.items():
             self.series.util_by_pool[pool].append(mean)
             size = c.pool_gpus(pool)
-            free = sum(n.free for n in c.nodes[pool])
-            self.series.alloc_by_pool[pool].append((size - free) / size if size else 0.0)
+            self.series.alloc_by_pool[pool].append(
+                (size - c.pool_free(pool)) / size if size else 0.0
+            )
+            _, running = c.pool_owners(pool)
             self.series.flex_by_pool[pool].append(
-                sum(
-                    p.gpus
-                    for n in c.nodes[pool]
-                    for p in n.pods
-                    if not p.production and p.phase is Phase.RUNNING
-                )
+                sum(gpus for owner, gpus in running.items() if not production[owner])
             )
         causes = [c.waiting(p, now) for p in c.by_phase[Phase.PENDING] if p.production]
         for cause in Waiting:
@@ -925,12 +938,9 @@ def _pool_duty(cluster: Cluster, util: dict[str, float]) -> dict[str, float]:
     owner's duty cycle, starting and terminating ones 0 (loading or draining), unallocated
     GPUs 0."""
     out: dict[str, float] = {}
-    for pool, nodes in cluster.nodes.items():
-        busy = 0.0
-        for node in nodes:
-            for pod in node.pods:
-                if pod.phase is Phase.RUNNING:
-                    busy += pod.gpus * util[pod.owner]
+    for pool in cluster.nodes:
+        _, running = cluster.pool_owners(pool)
+        busy = sum(gpus * util[owner] for owner, gpus in running.items())
         size = cluster.pool_gpus(pool)
         out[pool] = busy / size if size else 0.0
     return out
@@ -954,7 +964,7 @@ def _exporter_view(
         for pool, members in cluster.nodes.items()
         for node in members
     )
-    pct = {owner: round(u * 100, 6) for owner, u in util.items()}
+    pct = _percent(util)
     pods = []
     live: dict[int, tuple[tuple[object, ...], PodState]] = {}
     for pod in cluster.pods:
@@ -983,6 +993,69 @@ def _exporter_view(
     seen.clear()
     seen.update(live)
     return ExporterView(nodes, tuple(pods), dict(spec))
+
+
+def _percent(util: Mapping[str, float]) -> dict[str, float]:
+    """``DCGM_FI_DEV_GPU_UTIL`` (percent, as exported) of each owner's running pods."""
+    return {owner: round(u * 100, 6) for owner, u in util.items()}
+
+
+@dataclass(frozen=True)
+class Tallies:
+    """What ``_exporter_view`` would report, summed from the cluster's counters instead of
+    a state per pod: the same numbers (``Exports``; ``tests/sim/test_budget_promql.py``
+    checks them against the view on every evaluation of a replay). The budget reads these
+    when no observer or tuner needs the series themselves."""
+
+    cluster: Cluster
+    now: float
+    util: Mapping[str, float]
+    spec_replicas: Mapping[str, int]
+    identity: Mapping[str, tuple[str, str]]
+
+    def _ready(self, pools: set[str], unit: int) -> tuple[int, int] | None:
+        """``Cluster.ready`` summed over ``pools``."""
+        ready = [self.cluster.ready(p, self.now, unit) for p in self.cluster.nodes if p in pools]
+        found = [r for r in ready if r is not None]
+        if not found:
+            return None
+        return sum(gpus for gpus, _ in found), sum(units for _, units in found)
+
+    def schedulable_gpus(self, pools: set[str]) -> int | None:
+        ready = self._ready(pools, 1)
+        return None if ready is None else ready[0]
+
+    def free_gpus(self, pools: set[str], unit: int = 1) -> int:
+        ready = self._ready(pools, unit)
+        return 0 if ready is None else ready[1]
+
+    def pending_gpus(self, *, production: bool | None, namespace: str | None) -> int:
+        return sum(
+            self.cluster.gpus(owner, Phase.PENDING)
+            for owner, prod in self.cluster.owners().items()
+            if (production is None or prod == production)
+            and (namespace is None or self.identity[owner][0] == namespace)
+        )
+
+    def production_busy(self) -> float | None:
+        """Exactly the view's ``fsum`` (correctly rounded): each running pod adds ``pct / 100 x
+        GPUs``, summed here as rationals and rounded once; bound pods that are not running
+        report 0, so production never holds GPUs without a series (never None)."""
+        pct = _percent(self.util)
+        busy = Fraction(0)
+        for owner, prod in self.cluster.owners().items():
+            if prod:
+                for gpus, pods in self.cluster.sizes(owner, Phase.RUNNING).items():
+                    busy += Fraction(pct[owner] / 100 * gpus) * pods
+        return float(busy)
+
+    def held_gpus(self, namespace: str, deployment: str) -> int:
+        return sum(
+            self.cluster.gpus(owner, Phase.STARTING) + self.cluster.gpus(owner, Phase.RUNNING)
+            for owner in self.cluster.owners()
+            if self.identity[owner][0] == namespace
+            and of_deployment(deployment, _pod_name(self.identity[owner][1], 0))
+        )
 
 
 def _pod_name(prefix: str, uid: int) -> str:

@@ -10,6 +10,9 @@ expressions are evaluated at each state's instant. Four policies are tried: the 
 pool's reserve is exercised too), and one with a reserve in production replica slots, a
 second flex pool and 4-GPU production pods beside 1-GPU flex pods on lending nodes (so free
 GPUs are fragmented and slots go missing).
+
+Without an observer the replay's budget reads the cluster's counters (``engine.Tallies``)
+instead of the view; every replay here checks the two equal at each evaluation.
 """
 
 from __future__ import annotations
@@ -22,11 +25,28 @@ import pytest
 
 from policy import PoolPolicy, load_policy, parse_policy
 from runtime.metrics import catalogue as c
-from runtime.sim.budget import ExporterView, budget, headroom, production_utilization, spare
-from runtime.sim.engine import FlexInput, Layout, Settings, replay_pooled
+from runtime.sim.budget import (
+    ExporterView,
+    budget,
+    headroom,
+    held,
+    production_utilization,
+    reserve,
+    spare,
+)
+from runtime.sim.engine import (
+    FlexInput,
+    Layout,
+    Observer,
+    Series,
+    Settings,
+    Tallies,
+    _PooledLoop,
+    replay_pooled,
+)
 from runtime.sim.production import ProductionRule
 from runtime.sim.serving import Requests
-from runtime.sim.traces import diurnal
+from runtime.sim.traces import ProductionTrace, diurnal
 from tests.alerts.test_e2e import query
 from tests.harness.servers import Server, backfill, start_prometheus
 
@@ -84,9 +104,11 @@ def _region(policy: PoolPolicy, view: ExporterView) -> Region:
     return "hold"
 
 
-def _states(policy: PoolPolicy) -> list[ExporterView]:
-    """Exporter states the replay evaluated its budget on, stratified by the step taken."""
-    seen: list[ExporterView] = []
+Replay = tuple[PoolPolicy, Layout, ProductionTrace, list[FlexInput], Settings]
+
+
+def _replays(policy: PoolPolicy) -> Iterator[Replay]:
+    """The pooled replays whose exporter states are checked."""
     w = policy.workloads[0]
     n = 64
     requests = Requests(
@@ -102,15 +124,17 @@ def _states(policy: PoolPolicy) -> list[ExporterView]:
     # step of the budget is taken, and production and flex pods both wait at times. The
     # policy's own production workloads (multi-GPU pods under their HPA) add their states.
     trace = diurnal(hours=24, peak_gpus=120, trough_gpus=2, duty_cycle=0.95, seed=3)
+    flex = [FlexInput(w, requests, 200_000, Latencies(), backlog_window=4096)]
     for rule in (ProductionRule("duty", target_utilization=0.9), ProductionRule("policy")):
-        replay_pooled(
-            policy,
-            Layout.of_policy(policy),
-            trace,
-            [FlexInput(w, requests, 200_000, Latencies(), backlog_window=4096)],
-            Settings(hours=24, flex_startup_s=120, production=rule),
-            observe=lambda _t, view: seen.append(view),
-        )
+        settings = Settings(hours=24, flex_startup_s=120, production=rule)
+        yield policy, Layout.of_policy(policy), trace, flex, settings
+
+
+def _states(policy: PoolPolicy) -> list[ExporterView]:
+    """Exporter states the replay evaluated its budget on, stratified by the step taken."""
+    seen: list[ExporterView] = []
+    for replay in _replays(policy):
+        _replay_checked(replay, lambda _t, view: seen.append(view))
     # A quarter from each step; within a step the states with the most pods first (where a
     # wrong term shows), then spread in time.
     by_region: dict[Region, list[ExporterView]] = {}
@@ -291,3 +315,56 @@ def test_replay_budget_equals_the_catalogue_promql(
     assert any(p.node is None and p.production for v in states for p in v.pods), (
         "no sampled state has a pending production pod"
     )
+
+
+@pytest.mark.parametrize("name", ["default", "lending-off", "reserve", "slots"])
+def test_the_replay_tallies_equal_the_exporter_view(name: str) -> None:
+    """Without an observer or a tuner the replay's budget reads ``Tallies`` (the cluster's
+    counters), not the exporter view this file proves equal to PromQL: every sum the budget
+    takes is the same on every state the replay evaluates (here the duty rule's replay; the
+    slow test checks the policy rule's too), and so is the replay (checked where the states
+    vary most: two flex pools, a slot reserve, lending)."""
+    replay = next(_replays(_policies()[name]))
+    series = _replay_checked(replay)
+    if name == "slots":
+        assert replay_pooled(*replay).series == series
+
+
+def _replay_checked(replay: Replay, observe: Observer | None = None) -> Series:
+    """The replay on the exporter view, checking ``Tallies`` against it at every evaluation
+    before ``observe`` sees it."""
+    policy, settings = replay[0], replay[-1]
+    every = {p.name for p in policy.node_pools}
+    seen = 0
+
+    def check(now: float, view: ExporterView) -> None:
+        nonlocal seen
+        seen += 1
+        util = loop.prod_util | loop.flex_util
+        tallies = Tallies(loop.cluster, now, util, dict(loop.spec), loop.identity)
+        assert tallies.spec_replicas == view.spec_replicas
+        for pools in [every, *({p.name} for p in policy.node_pools), set()]:
+            assert tallies.schedulable_gpus(pools) == view.schedulable_gpus(pools), pools
+            for unit in (1, 2, 3, 4, 8):
+                assert tallies.free_gpus(pools, unit) == view.free_gpus(pools, unit), unit
+        for production in (True, False, None):
+            for namespace in (policy.cluster.flex_namespace, "inference", None):
+                kind = {"production": production, "namespace": namespace}
+                assert tallies.pending_gpus(**kind) == view.pending_gpus(**kind), kind
+        assert tallies.production_busy() == view.production_busy()
+        assert spare(policy, tallies) == spare(policy, view)
+        assert reserve(policy, tallies) == reserve(policy, view)
+        assert production_utilization(policy, tallies) == production_utilization(policy, view)
+        for pool in policy.node_pools:
+            assert headroom(policy, pool, tallies) == headroom(policy, pool, view)
+        for w in policy.workloads:
+            assert held(policy, w, tallies) == held(policy, w, view)
+            assert budget(policy, w, tallies) == budget(policy, w, view)
+        if observe is not None:
+            observe(now, view)
+
+    loop = _PooledLoop(*replay, observe=check)
+    for step in range(settings.steps):
+        loop.step(step)
+    assert seen == len(range(0, settings.steps, loop.eval_every))
+    return loop.series
