@@ -21,7 +21,7 @@ $(VENV)/.core: pyproject.toml
 # PyPI's torchvision/torchaudio/torchcodec break imports beside the CPU torch.
 $(VENV)/.test: $(VENV)/.core
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[test,vllm]'
+	$(PIP) install -e '.[test,vllm,ray]'
 	$(PIP) uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 	touch $@
 

@@ -443,6 +443,16 @@ class SlotReserve(StrictModel):
     of ``production`` (its ``gpus_per_replica`` is the slot size)."""
 
 
+class GpuCost(StrictModel):
+    """What one GPU of the pool costs an hour: the what-if and the advisor value the GPU-hours
+    flex harvests there at this price."""
+
+    gpu_hour: float = Field(gt=0, le=10_000)
+    """Price of one GPU for one hour (an H200 on demand is a few units of currency)."""
+    currency: str = Field(pattern=r"^[A-Z]{3}$")
+    """ISO 4217 code: ``USD``, ``EUR``; every priced pool uses the same one."""
+
+
 class NodePool(StrictModel):
     """One GPU node pool; ``prod`` pools are guaranteed, ``flex`` pools are elastic."""
 
@@ -465,6 +475,9 @@ class NodePool(StrictModel):
     """Room kept free for whole production replicas (``{replicas: 2, of:
     inference/llama-70b-prod}``): the budget keeps that many replica slots free on single
     nodes. Give this or ``reserve_ratio``, not both."""
+    cost: GpuCost | None = None
+    """Price of the pool's GPUs (``{gpu_hour: 3.10, currency: USD}``); reports then show what
+    the GPU-hours flex harvests there are worth. Unset: GPU-hours only."""
     lend_idle: bool = False
     """A ``prod`` pool lends its unallocated GPUs beyond its reserve to flex workloads, which
     production takes back by preemption the moment it needs them (docs/policy.md "Lending").

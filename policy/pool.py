@@ -158,6 +158,7 @@ class PoolPolicy(StrictModel):
         for i, pool in enumerate(self.node_pools):
             pool.check(f"node_pools.{i}", found)
             self._check_node_pool(i, pool, found)
+        self._check_currencies(found)
         self._check_names(found)
         flex_names = {p.name for p in self.node_pools if p.role == "flex"}
         seen: set[str] = set()
@@ -367,6 +368,25 @@ class PoolPolicy(StrictModel):
                 "replicas beyond that could never be scheduled: lower max_replicas or raise "
                 "the pools' max_nodes",
             )
+
+    def _check_currencies(self, found: Invariants) -> None:
+        """Every priced pool in one currency: reports add their values."""
+        first: str | None = None
+        for i, pool in enumerate(self.node_pools):
+            if pool.cost is None:
+                continue
+            first = first or pool.cost.currency
+            found.require(
+                pool.cost.currency == first,
+                f"node_pools.{i}.cost.currency",
+                f"{pool.cost.currency} differs from the {first} of the first priced pool; price "
+                "every pool in one currency",
+            )
+
+    @property
+    def currency(self) -> str | None:
+        """The currency of the priced pools, None when no pool has a ``cost``."""
+        return next((p.cost.currency for p in self.node_pools if p.cost is not None), None)
 
     def _check_reserves(self, found: Invariants) -> None:
         """A slot reserve names a production workload by ``namespace/name``, and its slots fit

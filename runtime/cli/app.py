@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from runtime.cli import (
+    advise_commands,
     alerts_commands,
     forge_commands,
     infra_commands,
@@ -32,6 +33,7 @@ kvcache_commands.register(app)
 snapshot_commands.register(app)
 forge_commands.register(app)
 whatif_commands.register(app)
+advise_commands.register(app)
 
 
 def main() -> None:

@@ -65,6 +65,14 @@ def _table(*headers: str, title: str | None = None) -> Table:
     return out
 
 
+def print_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """A console table whose values stay whole at any width (``_table``)."""
+    table = _table(*headers)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
 def print_summary(result: Result, title: str) -> None:
     table = _table("", "pooled", "fixed topology", title=title)
     for row in markdown.rows(result.pooled, result.fixed):

@@ -336,11 +336,16 @@ class Cluster:
     # -- time -------------------------------------------------------------------------
     def advance(self, now: float) -> None:
         """Finish the start-ups and terminations due by ``now``; let Karpenter act."""
-        for pod in [p for p in self.by_phase[Phase.STARTING] if p.ready_at <= now]:
-            self._move(pod, Phase.RUNNING)
+        self.finish_startups(now)
         for pod in [p for p in self.by_phase[Phase.TERMINATING] if p.exit_at <= now]:
             self._drop(pod)
         self._karpenter(now)
+
+    def finish_startups(self, now: float) -> None:
+        """Pods whose start-up is over by ``now`` run (a pod bound with no start-up runs in
+        the step it was bound)."""
+        for pod in [p for p in self.by_phase[Phase.STARTING] if p.ready_at <= now]:
+            self._move(pod, Phase.RUNNING)
 
     # -- scheduling -------------------------------------------------------------------
     def schedule(self, now: float) -> list[Eviction]:

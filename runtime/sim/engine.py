@@ -636,6 +636,8 @@ class _PooledLoop:
         # After the scale-downs (``_replicas`` accounts for those): only preemption is left.
         running = {name: self._running(name) for name in self.workloads}
         evictions = c.schedule(now)
+        if step == 0:  # production found running serves from the first step
+            c.finish_startups(now)
         for name in self.workloads:
             lost = running[name] - self._running(name)
             if lost > 0:

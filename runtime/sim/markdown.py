@@ -67,6 +67,7 @@ def rows(pooled: Summary, fixed: Summary) -> list[Row]:
             f"{pooled.evictions_per_minute_mean:.2f} / {pooled.evictions_per_minute_max:.2f}",
             f"{fixed.evictions_per_minute_mean:.2f} / {fixed.evictions_per_minute_max:.2f}",
         ),
+        ("harvested GPU-h worth", value_text(pooled), value_text(fixed)),
         ("flex tokens/s", f(pooled.flex_tokens_per_s, 0), f(fixed.flex_tokens_per_s, 0)),
         ("flex capped by max_replicas, h", capped_text(pooled), capped_text(fixed)),
         ("KV hit rate", hit, hit_fixed),
@@ -93,6 +94,25 @@ def rows(pooled: Summary, fixed: Summary) -> list[Row]:
 def efficiency_text(efficiency: float | None) -> str:
     """Harvest efficiency, or n/a where there was nothing to harvest."""
     return "n/a" if efficiency is None else f"{efficiency:.2f}"
+
+
+def value_text(summary: Summary) -> str:
+    """The harvest's value at the pools' prices; n/a without ``node_pools[].cost`` and in the
+    fixed topology (its flex GPUs belong to no pool)."""
+    return "n/a" if summary.harvest_value is None else summary.harvest_value.text()
+
+
+def value_delta(base: Summary, head: Summary) -> str | None:
+    """``Harvested GPU time worth USD 146,080 -> 152,000 a month (+5,920)``: the change's
+    value per month, in the style of a cost-estimate comment; None unless both are priced
+    in one currency."""
+    b, h = base.harvest_value, head.harvest_value
+    if b is None or h is None or b.currency != h.currency:
+        return None
+    return (
+        f"Harvested GPU time worth {h.currency} {b.per_month:,.0f} -> {h.per_month:,.0f} a month "
+        f"({h.per_month - b.per_month:+,.0f})"
+    )
 
 
 def losses_text(summary: Summary) -> str:
@@ -394,7 +414,8 @@ def headline(result: Result) -> str:
         f"{p.useful_gpu_h:,.1f} vs fixed {f.useful_gpu_h:,.1f}; cluster duty cycle "
         f"{f.cluster_duty_cycle:.1%} -> {p.cluster_duty_cycle:.1%})",
         f"harvested {p.harvested_gpu_h:,.1f} of a {p.harvest_bound_gpu_h:,.1f} GPU-h bound "
-        f"(efficiency {efficiency_text(p.harvest_efficiency)})",
+        f"(efficiency {efficiency_text(p.harvest_efficiency)})"
+        + ("" if p.harvest_value is None else f", worth {p.harvest_value.text()}"),
         f"production {harmed} ({p.prod_short_gpu_h:,.2f} busy GPU-h short vs "
         f"{f.prod_short_gpu_h:,.2f} fixed; pending pod-minutes: {pending})",
         f"flex evictions max {p.evictions_per_minute_max:.2f}/min",
@@ -493,6 +514,7 @@ def comparison(
         MARKER,
         f"## gpupool what-if: `{base_ref}` -> `{head_ref}`, {h.hours:g} h replay",
         "",
+        *([] if (worth := value_delta(b, h)) is None else [f"**{worth}**", ""]),
         f"Head: {headline(head)}",
         "",
         f"Base: {headline(base)}",

@@ -214,6 +214,49 @@ class HarvestLosses:
         return ", ".join(f"{name.replace('_', ' ')} {value:,.0f}" for name, value in parts)
 
 
+HOURS_PER_MONTH = 730.0
+"""365 x 24 / 12: a month's GPU-hours per GPU, for values per month."""
+
+
+@dataclass(frozen=True)
+class HarvestValue:
+    """What the harvested GPU-hours are worth at the pools' ``cost`` (``node_pools[].cost``)."""
+
+    currency: str
+    amount: float
+    """Over the replay."""
+    per_month: float
+    """``amount`` at the replay's rate for ``HOURS_PER_MONTH`` hours."""
+    unpriced_gpu_h: float
+    """Harvested GPU-hours on pools without a ``cost`` (not in ``amount``)."""
+
+    def text(self) -> str:
+        """``USD 4,566 (USD 146,080 a month)``, and what was left unpriced."""
+        out = f"{self.currency} {self.amount:,.0f} ({self.currency} {self.per_month:,.0f} a month)"
+        if self.unpriced_gpu_h:
+            out += f"; {self.unpriced_gpu_h:,.1f} GPU-h on pools without a cost not valued"
+        return out
+
+
+def harvest_value(replay: Replay, policy: PoolPolicy) -> HarvestValue | None:
+    """The pooled replay's harvest valued per pool; None without prices or a split by pool
+    (the fixed topology's flex GPUs belong to no pool)."""
+    currency = policy.currency
+    by_pool = replay.series.flex_by_pool
+    if currency is None or not by_pool:
+        return None
+    amount = unpriced = 0.0
+    for pool in policy.node_pools:
+        held = gpu_hours(np.asarray(by_pool.get(pool.name, ()), dtype=np.float64), replay.step_s)
+        if pool.cost is None:
+            unpriced += held
+        else:
+            amount += held * pool.cost.gpu_hour
+    hours = len(replay.series.t) * replay.step_s / 3600
+    per_month = amount * HOURS_PER_MONTH / hours if hours else 0.0
+    return HarvestValue(currency, amount, per_month, unpriced)
+
+
 @dataclass(frozen=True)
 class Summary:
     """One replay's figures; ``checks`` are the closed-loop properties (0 = holds). GPU-hours
@@ -240,6 +283,8 @@ class Summary:
     """``harvested_gpu_h / harvest_bound_gpu_h``; None where the bound is 0."""
     harvest_lost: HarvestLosses
     """Where the bound's GPU-hours went that running flex did not hold."""
+    harvest_value: HarvestValue | None
+    """What ``harvested_gpu_h`` is worth at the pools' prices (pooled, priced pools only)."""
     prod_short_gpu_h: float
     """Busy GPU-hours production wanted while too few of its replicas were ready."""
     prod_unmet_pod_minutes: float
@@ -339,6 +384,7 @@ def summarize(replay: Replay, policy: PoolPolicy, *, reserve_gpus: int = 0) -> S
         harvest_bound_gpu_h=bound,
         harvest_efficiency=harvested / bound if bound else None,
         harvest_lost=harvest_losses(replay, reserve_gpus),
+        harvest_value=harvest_value(replay, policy),
         prod_short_gpu_h=gpu_hours((prod_busy - served).clip(0), dt),
         prod_unmet_pod_minutes=float(pending.sum() * dt / 60),
         prod_unmet_max_pods=int(pending.max(initial=0)),

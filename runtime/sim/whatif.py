@@ -28,7 +28,7 @@ from runtime.sim.engine import (
     replay_fixed,
     replay_pooled,
 )
-from runtime.sim.production import describe, need_gpus, production_groups
+from runtime.sim.production import ProductionGroup, describe, need_gpus, production_groups
 from runtime.sim.report import Goal, Summary, goals, summarize
 from runtime.sim.service_time import ServiceModel, service_model
 from runtime.sim.serving import Requests
@@ -120,10 +120,62 @@ class Result:
         return goals(self.pooled, self.fixed, self.useful_gpu_h_ratio)
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What both replays of one run need: the hardware, production, flex demand, classes."""
+
+    layout: Layout
+    trace: ProductionTrace
+    flex: list[FlexInput]
+    classes: ClassPlan | None
+    services: dict[str, ServiceModel]
+    models: dict[str, ModelSpec]
+    groups: tuple[ProductionGroup, ...]
+
+
 def run(
     policy: PoolPolicy, policy_dir: Path, whatif: WhatIf, *, progress: Progress | None = None
 ) -> Result:
     """Replay the policy's closed loop and the fixed baseline on the same demand."""
+    inputs = _inputs(policy, policy_dir, whatif)
+    settings, layout, classes = whatif.settings, inputs.layout, inputs.classes
+    tuner = None if whatif.tuner is None else TunerLoop(whatif.tuner, inputs.models)
+    pooled = replay_pooled(
+        policy,
+        layout,
+        inputs.trace,
+        inputs.flex,
+        settings,
+        progress=progress,
+        tuning=tuner,
+        classes=classes,
+    )
+    fixed = replay_fixed(policy, layout, inputs.trace, inputs.flex, settings, classes=classes)
+    reserve_gpus = _reserve_gpus(policy, layout)
+    return Result(
+        summarize(pooled, policy, reserve_gpus=reserve_gpus),
+        summarize(fixed, policy),  # no reserve: nothing moves there
+        (pooled, fixed),
+        layout,
+        _assumptions(policy, whatif, inputs, tuner),
+        {n: m.source for n, m in inputs.services.items()},
+        None if tuner is None else tuner.run(pooled),
+        reserve_gpus,
+    )
+
+
+def run_pooled(policy: PoolPolicy, policy_dir: Path, whatif: WhatIf) -> Summary:
+    """The pooled replay alone (a sweep compares many policies with one fixed topology)."""
+    inputs = _inputs(policy, policy_dir, whatif)
+    pooled = replay_pooled(
+        policy, inputs.layout, inputs.trace, inputs.flex, whatif.settings, classes=inputs.classes
+    )
+    return summarize(pooled, policy, reserve_gpus=_reserve_gpus(policy, inputs.layout))
+
+
+def _inputs(policy: PoolPolicy, policy_dir: Path, whatif: WhatIf) -> _Inputs:
+    """Check the demand against the policy, size the hardware, and build each workload's
+    requests, KV plan and service model (reads the model configs)."""
     if not policy.workloads:
         raise WhatIfError("the policy declares no flex workloads: there is nothing to replay")
     unknown = sorted(set(whatif.demand) - {w.name for w in policy.workloads})
@@ -180,21 +232,17 @@ def run(
         window = layout.max_replicas[w.name] * w.max_num_seqs * 2 if demand.backlog else 0
         flex.append(FlexInput(w, requests, plan.max_concurrent_tokens, model, window))
     classes = _class_plan(policy, flex_pools, production)
-    tuner = None if whatif.tuner is None else TunerLoop(whatif.tuner, models)
-    pooled = replay_pooled(
-        policy,
-        layout,
-        trace,
-        flex,
-        settings,
-        progress=progress,
-        tuning=tuner,
-        classes=classes,
-    )
-    fixed = replay_fixed(policy, layout, trace, flex, settings, classes=classes)
-    assumptions = (
-        *(f"service times of {n}: {m.source}" for n, m in services.items()),
-        f"production: {describe(groups, settings.production)}; new replicas start in "
+    return _Inputs(layout, trace, flex, classes, services, models, groups)
+
+
+def _assumptions(
+    policy: PoolPolicy, whatif: WhatIf, inputs: _Inputs, tuner: TunerLoop | None
+) -> tuple[str, ...]:
+    """What the report says it assumed: service times, production, layout, settings."""
+    settings, layout, classes = whatif.settings, inputs.layout, inputs.classes
+    return (
+        *(f"service times of {n}: {m.source}" for n, m in inputs.services.items()),
+        f"production: {describe(inputs.groups, settings.production)}; new replicas start in "
         f"{settings.production.startup_s:g} s",
         f"flex replicas start in {settings.flex_startup_s:g} s (image pull + model load)",
         f"layout: {_layout_text(policy, layout, whatif.layout)}",
@@ -220,17 +268,6 @@ def run(
         "flex serving: fluid continuous-batching model (runtime/sim/serving.py)",
         *([] if classes is None else [_classes_text(classes)]),
         *([] if tuner is None else [_tuner_text(tuner)]),
-    )
-    reserve_gpus = _reserve_gpus(policy, layout)
-    return Result(
-        summarize(pooled, policy, reserve_gpus=reserve_gpus),
-        summarize(fixed, policy),  # no reserve: nothing moves there
-        (pooled, fixed),
-        layout,
-        assumptions,
-        {n: m.source for n, m in services.items()},
-        None if tuner is None else tuner.run(pooled),
-        reserve_gpus,
     )
 
 

@@ -369,7 +369,7 @@ SERIES_ADDED_SINCE = ("prod_pending_by_cause", "flex_by_pool", "capped")
 """Series fields added after the recording; the digest covers the fields recorded then."""
 
 
-SUMMARY_ADDED_SINCE = ("harvest_lost",)
+SUMMARY_ADDED_SINCE = ("harvest_lost", "harvest_value")
 """Summary fields added after the summaries were re-recorded (tests/sim/test_headline.py)."""
 
 
@@ -421,8 +421,10 @@ def test_without_a_serving_section_the_replay_is_what_it_was() -> None:
     """Recorded before traffic classes existed (``data/engine_without_serving.json``): the same
     summaries, series and fleet totals; the new per-fleet counters stay 0 and the summary has
     no traffic classes. The summaries were re-recorded when the figures moved to GPU-hours
-    (useful GPU-hours, the harvest bound); the series digests and fleet totals are the
-    original recording's."""
+    (useful GPU-hours, the harvest bound), and with the series digests when production found
+    running began serving from the first step (the pooled replays' ``prod_busy_served[0]``,
+    the only series value that changed; the rest of every series and the fleet totals are
+    the original recording's)."""
     recorded = json.loads((DATA / "engine_without_serving.json").read_text())
     now = _engine_outputs()
     for label, replays in now.items():
@@ -447,7 +449,8 @@ def test_without_a_serving_section_the_whatif_json_is_what_it_was(tmp_path: Path
     recorded without traffic classes (``data/whatif_without_serving.json``): no
     ``traffic_classes`` key, nothing else changed; the markdown has no class table.
     Re-recorded when the figures moved to GPU-hours and the fixed topology gave flex every
-    GPU production never holds; the pooled series are the original recording's."""
+    GPU production never holds, and when production found running began serving from the
+    first step."""
     out = tmp_path / "r.json"
     policy = _policy_dir(tmp_path, DATA / "no_serving.yaml")
     args = ["whatif", "--policy", str(policy), "--hours", "1", "--json", str(out)]
@@ -457,6 +460,7 @@ def test_without_a_serving_section_the_whatif_json_is_what_it_was(tmp_path: Path
     assert "traffic_classes" not in data["pooled"] and "traffic_classes" not in data["fixed"]
     recorded = json.loads((DATA / "whatif_without_serving.json").read_text())
     for name in ("pooled", "fixed"):  # added since (tests/sim/test_headline.py)
+        assert data[name].pop("harvest_value") is None  # the policy prices no pool
         assert set(data[name].pop("harvest_lost")) == {
             "production_headroom",
             "reserve",

@@ -1,0 +1,1 @@
+"""The advisor (``gpupool advise``): sweep policy variants on the owner's traces, pick one."""
