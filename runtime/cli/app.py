@@ -12,6 +12,7 @@ from runtime.cli import (
     kvcache_commands,
     policy_commands,
     snapshot_commands,
+    trace_commands,
     tuner_commands,
     vllm_commands,
     whatif_commands,
@@ -34,6 +35,7 @@ snapshot_commands.register(app)
 forge_commands.register(app)
 whatif_commands.register(app)
 advise_commands.register(app)
+trace_commands.register(app)
 
 
 def main() -> None:

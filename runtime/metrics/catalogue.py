@@ -38,6 +38,8 @@ POOL_GPU_UTILIZATION = "gpupool:pool_gpu_utilization:ratio"
 GPU_MEMORY_USED = "gpupool:gpu_memory_used:ratio"
 FLEX_HEADROOM_GPUS = "gpupool:flex_headroom_gpus"
 PRODUCTION_GPU_UTILIZATION = "gpupool:production_gpu_utilization:ratio"
+PRODUCTION_GPUS_DEMANDED = "gpupool:production_gpus_demanded"
+PRODUCTION_BUSY_GPUS = "gpupool:production_busy_gpus"
 UNALLOCATED_GPUS = "gpupool:unallocated_gpus"
 SPARE_GPUS = "gpupool:spare_gpus"
 FLEX_GPU_BUDGET = "gpupool:flex_gpu_budget"
@@ -298,21 +300,38 @@ class _Builder:
         GPU; absent (the budget then never grows) when production holds GPUs but
         dcgm-exporter does not attribute them to pods (``metrics.gpu_pod_labels``).
         """
+        busy = self.production_busy()
+        return f"({busy} / sum({self.schedulable_gpus(self.policy.node_pools)}))"
+
+    def production_held(self) -> str:
+        """GPUs requested by production's bound, non-terminated pods (no labels; absent when
+        it holds none)."""
+        return (
+            f"sum({self.gpu_requests(_BOUND)}"
+            f" * on (namespace, pod) group_left () {self.live_pods()}"
+            f" * on (namespace, pod) group_left () {self.production_pods()})"
+        )
+
+    def production_busy(self) -> str:
+        """Production's busy GPU-equivalents: the duty cycle of each GPU its pods hold, summed;
+        0 when it holds none, absent when it holds GPUs no dcgm series attributes to a pod."""
         ns, pod = self.m.gpu_pod_labels
         gpu = "DCGM_FI_DEV_GPU_UTIL"
         for want, have in (("namespace", ns), ("pod", pod)):
             if have != want:
                 gpu = f'label_replace({gpu}, "{want}", "$1", "{have}", "(.+)")'
-        held = (
-            f"sum({self.gpu_requests(_BOUND)}"
-            f" * on (namespace, pod) group_left () {self.live_pods()}"
-            f" * on (namespace, pod) group_left () {self.production_pods()})"
-        )
-        busy = (
+        return (
             f"(sum({gpu} / 100 * on (namespace, pod) group_left () {self.production_pods()})"
-            f" or (vector(0) unless on () {held}))"
+            f" or (vector(0) unless on () {self.production_held()}))"
         )
-        return f"({busy} / sum({self.schedulable_gpus(self.policy.node_pools)}))"
+
+    def production_demanded(self) -> str:
+        """GPUs production asks for: held by its bound pods plus requested by its pending
+        ones (0 with neither, while kube-state-metrics reports pods)."""
+        pending = self.pending_gpus(self.production_pods())
+        return (
+            f"(({self.production_held()} or vector(0)) + {pending}) and on () count(kube_pod_info)"
+        )
 
     def held(self, workload: FlexWorkload) -> str:
         """GPUs the workload's bound, not-terminating pods request; 0 when none is bound, and
@@ -441,6 +460,20 @@ class _Builder:
                 "DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)",
                 "Framebuffer share in use on each GPU.",
                 "ratio",
+            ),
+            Query(
+                PRODUCTION_GPUS_DEMANDED,
+                self.production_demanded(),
+                "GPUs production's pods hold or wait for (bound plus pending requests): the "
+                "gpus_demanded of a production trace (gpupool production-trace).",
+                "gpus",
+            ),
+            Query(
+                PRODUCTION_BUSY_GPUS,
+                self.production_busy(),
+                "Production's busy GPU-equivalents (its GPUs' duty cycles, summed): over "
+                "gpupool:production_gpus_demanded, a production trace's duty_cycle.",
+                "gpus",
             ),
             Query(
                 UNALLOCATED_GPUS,

@@ -211,6 +211,15 @@ def production_utilization(policy: PoolPolicy, view: Exports) -> float | None:
     return busy / total
 
 
+def production_demanded(view: ExporterView) -> int | None:
+    """``_Builder.production_demanded``: GPUs of production's bound pods plus its pending
+    ones; None without any pod (no kube-state-metrics series)."""
+    if not view.pods:
+        return None
+    bound = sum(p.gpus for p in view.pods if p.production and p.node is not None)
+    return bound + view.pending_gpus(production=True, namespace=None)
+
+
 @cache
 def _pods_of(deployment: str) -> re.Pattern[str]:
     return re.compile(rf"{re.escape(deployment)}-[a-z0-9]+-[a-z0-9]+")

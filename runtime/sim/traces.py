@@ -468,6 +468,34 @@ def diurnal(
     return ProductionTrace(f"diurnal(seed={seed})", 0.0, float(step_s), held, busy)
 
 
+def demand_csv(samples: Sequence[tuple[float, float, float | None]], *, source: str) -> str:
+    """``(unix time, GPUs demanded, busy GPU-equivalents or None)`` per step -> the
+    ``timestamp,gpus_demanded,duty_cycle`` CSV ``load_production_trace`` reads back
+    (timestamps from the first sample, duty = busy / demanded, 0 with nothing demanded).
+    Raises ``TraceError`` when production held GPUs that no busy figure covers: a made-up
+    duty cycle would mislead every replay of the trace."""
+    if len(samples) < 2:
+        raise TraceError(
+            source, None, "timestamp", f"expected 2 samples at least, found {len(samples)}"
+        )
+    unattributed = [t for t, demanded, busy in samples if demanded > 0 and busy is None]
+    if unattributed:
+        raise TraceError(
+            source,
+            None,
+            "duty_cycle",
+            f"production held GPUs at {len(unattributed)} of {len(samples)} steps that "
+            "dcgm-exporter does not attribute to its pods (metrics.gpu_pod_labels), so their "
+            "duty cycle is unknown",
+        )
+    start = samples[0][0]
+    rows = [",".join(DEMAND_DUTY_HEADER)]
+    for t, demanded, busy in samples:
+        duty = min(max((busy or 0.0) / demanded, 0.0), 1.0) if demanded > 0 else 0.0
+        rows.append(f"{t - start:g},{round(demanded)},{duty:.6f}")
+    return "\n".join(rows) + "\n"
+
+
 # --- flex parsers (pure) -----------------------------------------------------------------
 
 

@@ -11,12 +11,15 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
+from policy.pool import PoolPolicy
+from runtime.metrics import catalogue
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.signals import Combine, snapshot_of
 from runtime.tuner.snapshot import MetricsSnapshot, Series
@@ -64,3 +67,32 @@ def fetch_snapshot(
 def _value(text: str) -> float:
     value = float(text)
     return math.nan if math.isinf(value) else value
+
+
+class TraceQueryError(RuntimeError):
+    """Prometheus could not answer a production-trace range query; one line."""
+
+
+def production_samples(
+    client: PrometheusConnect, policy: PoolPolicy, *, start: float, end: float, step_s: float
+) -> list[tuple[float, float, float | None]]:
+    """``(time, GPUs production demanded, its busy GPU-equivalents or None)`` every
+    ``step_s`` from ``start`` to ``end``, from the catalogue's standalone PromQL: it reads
+    kube-state-metrics and dcgm-exporter directly, so the history from before gpupool's
+    recording rules were installed counts too. Steps without a demand sample are left out."""
+    queries = catalogue.build_catalogue(policy)
+    read: dict[str, dict[float, float]] = {}
+    for name in (catalogue.PRODUCTION_GPUS_DEMANDED, catalogue.PRODUCTION_BUSY_GPUS):
+        try:
+            result = client.custom_query_range(
+                queries.query(name),
+                start_time=datetime.fromtimestamp(start, UTC),
+                end_time=datetime.fromtimestamp(end, UTC),
+                step=f"{step_s:g}",
+            )
+        except (requests.RequestException, PrometheusApiClientException, ValueError) as exc:
+            raise TraceQueryError(f"{name}: {type(exc).__name__}: {exc}") from None
+        values = result[0]["values"] if result else []
+        read[name] = {float(t): _value(v) for t, v in values}
+    demanded, busy = read[catalogue.PRODUCTION_GPUS_DEMANDED], read[catalogue.PRODUCTION_BUSY_GPUS]
+    return [(t, demanded[t], busy.get(t)) for t in sorted(demanded)]

@@ -344,6 +344,27 @@ def test_every_step_of_the_budget(
     assert values(backfilled, q(c.FLEX_GPU_BUDGET), at) == {"workload=llm": budget}
 
 
+PRODUCTION_TRACE = [
+    # at, GPUs production demands (bound + pending requests), its busy GPU-equivalents
+    (GROW, 1, 0.4),
+    (HOLD, 2, 2.0),
+    (SHED, 3, 2.9),
+    (SHORT, 4, 1.0),  # api-0 and api-1 bound at 50 %; api-3 waits for 2 GPUs
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("at", "demanded", "busy"), PRODUCTION_TRACE)
+def test_what_production_demands_and_keeps_busy(
+    backfilled: Server, catalogue: c.Catalogue, at: int, demanded: int, busy: float
+) -> None:
+    """The two series a production trace is made of; api-4 requests no GPU and the
+    training pods are not production, so neither counts."""
+    q = catalogue.query
+    assert values(backfilled, q(c.PRODUCTION_GPUS_DEMANDED), at) == {"": demanded}
+    assert values(backfilled, q(c.PRODUCTION_BUSY_GPUS), at) == {"": pytest.approx(busy)}
+
+
 def _variant(policy: PoolPolicy, **changes: object) -> c.Catalogue:
     document = policy.model_dump(by_alias=True, mode="json")
     for dotted, value in changes.items():

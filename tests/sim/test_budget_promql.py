@@ -18,18 +18,24 @@ instead of the view; every replay here checks the two equal at each evaluation.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
+from typer.testing import CliRunner
 
-from policy import PoolPolicy, load_policy, parse_policy
+from policy import DEFAULT_POLICY, PoolPolicy, load_policy, parse_policy
+from runtime.cli.app import app
 from runtime.metrics import catalogue as c
 from runtime.sim.budget import (
     ExporterView,
     budget,
     headroom,
     held,
+    production_demanded,
     production_utilization,
     reserve,
     spare,
@@ -46,7 +52,7 @@ from runtime.sim.engine import (
 )
 from runtime.sim.production import ProductionRule
 from runtime.sim.serving import Requests
-from runtime.sim.traces import ProductionTrace, diurnal
+from runtime.sim.traces import ProductionTrace, diurnal, load_production_trace
 from tests.alerts.test_e2e import query
 from tests.harness.servers import Server, backfill, start_prometheus
 
@@ -289,6 +295,13 @@ def test_replay_budget_equals_the_catalogue_promql(
         assert _value(prom, catalogue.query(c.PRODUCTION_GPU_UTILIZATION), at) == pytest.approx(
             production_utilization(policy, view), abs=1e-12
         ), k
+        assert _value(prom, catalogue.query(c.PRODUCTION_GPUS_DEMANDED), at) == (
+            production_demanded(view)
+        ), k
+        busy = view.production_busy()
+        assert _value(prom, catalogue.query(c.PRODUCTION_BUSY_GPUS), at) == (
+            None if busy is None else pytest.approx(busy, abs=1e-9)
+        ), k
         expected_room = {p.name: headroom(policy, p, view) for p in policy.harvest_pools}
         room = _by_pool(prom, catalogue.query(c.FLEX_HEADROOM_GPUS), at)
         assert room == {p: v for p, v in expected_room.items() if v is not None}, k
@@ -368,3 +381,33 @@ def _replay_checked(replay: Replay, observe: Observer | None = None) -> Series:
         loop.step(step)
     assert seen == len(range(0, settings.steps, loop.eval_every))
     return loop.series
+
+
+@pytest.mark.slow
+def test_the_production_trace_from_range_queries_is_what_the_states_held(
+    scenarios: dict[str, tuple[PoolPolicy, list[ExporterView], Server]], tmp_path: Path
+) -> None:
+    """``gpupool production-trace`` over the backfilled history: one row per state, GPUs
+    demanded and duty cycle as the mirror computes them from that state."""
+    policy, states, prom = scenarios["default"]
+    folder = tmp_path / "policy"
+    shutil.copytree(DEFAULT_POLICY.parent / "models", folder / "models")
+    (folder / "pool.yaml").write_text(yaml.safe_dump(policy.model_dump(mode="json", by_alias=True)))
+    out = tmp_path / "production.csv"
+    end = T0 + SPACING_S * (len(states) - 1)
+    args = ["production-trace", "--prometheus", prom.url, "--out", str(out), "--policy"]
+    args += [str(folder / "pool.yaml"), "--end", str(end)]
+    args += ["--window", f"{SPACING_S * (len(states) - 1)}s", "--step", f"{SPACING_S}s"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    trace = load_production_trace(out)
+    demanded = [production_demanded(v) for v in states]
+    assert trace.held.tolist() == demanded
+    duty = [
+        (v.production_busy() or 0.0) / d if d else 0.0
+        for v, d in zip(states, demanded, strict=True)
+    ]
+    expected = [d * u for d, u in zip(demanded, duty, strict=True)]
+    # the duty cycle is written to 6 decimals: busy to a millionth of the demand
+    assert trace.busy.tolist() == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    assert max(demanded) > min(demanded), "the states never changed production's demand"

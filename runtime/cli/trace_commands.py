@@ -1,0 +1,80 @@
+"""``production-trace``: the owner's own production trace, from their Prometheus."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from policy import load_policy
+from policy.base import duration_seconds
+from runtime.atomic_file import write_atomic
+from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.policy_commands import policy_file as resolve_policy_file
+from runtime.sim.traces import TraceError, demand_csv
+from runtime.tuner.prometheus import TraceQueryError, connect, production_samples
+
+console = Console(highlight=False)
+
+MAX_SAMPLES = 100_000
+"""Steps one trace may hold (a week at 6 s, 69 days at a minute): Prometheus refuses range
+queries of more than 11,000 points, so each query is cut into pieces of that size."""
+
+POINTS_PER_QUERY = 10_000
+
+
+def production_trace(
+    prometheus: Annotated[
+        str, typer.Option(help="Prometheus URL (kube-state-metrics and dcgm-exporter).")
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="CSV to write: timestamp,gpus_demanded,duty_cycle.")
+    ],
+    policy_file: Annotated[
+        Path | None,
+        typer.Option("--policy", help="Policy file (its priority class and dcgm labels)."),
+    ] = None,
+    window: Annotated[
+        str, typer.Option(help="How far back from --end, a duration (7d, 24h).")
+    ] = "7d",
+    step: Annotated[str, typer.Option(help="Time between samples, a duration.")] = "1m",
+    end: Annotated[
+        float | None, typer.Option(help="Unix time the trace ends at (default: now).")
+    ] = None,
+) -> None:
+    """Write production's GPU demand and duty cycle over a past window as a trace that
+    ``gpupool whatif --prod-trace`` and ``gpupool advise --prod-trace`` replay."""
+    with reported_errors():
+        try:
+            span, every = duration_seconds(window), duration_seconds(step)
+        except ValueError as exc:
+            raise UsageProblem(f"--window/--step: {exc}") from None
+        if every <= 0 or span < 2 * every:
+            raise UsageProblem(f"--window {window} must hold two --step {step} at least")
+        if span / every > MAX_SAMPLES:
+            raise UsageProblem(
+                f"--window {window} at --step {step} is {span / every:,.0f} samples, over "
+                f"{MAX_SAMPLES:,}; take a longer --step"
+            )
+        policy = load_policy(resolve_policy_file(policy_file))
+        stop = time.time() if end is None else end
+        client = connect(prometheus)
+        samples = []
+        start = stop - span
+        try:
+            while start <= stop:
+                piece = min(stop, start + (POINTS_PER_QUERY - 1) * every)
+                samples += production_samples(client, policy, start=start, end=piece, step_s=every)
+                start = piece + every
+            text = demand_csv(samples, source=f"{prometheus} ({window} to {stop:.0f})")
+        except (TraceQueryError, TraceError) as exc:
+            raise UsageProblem(str(exc)) from None
+        write_atomic(out, text)
+    console.print(f"{out}: {len(samples):,} samples every {step} over {window}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(production_trace)
