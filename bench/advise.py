@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 
 import yaml
-from whatif import scaled  # bench/whatif.py, run from this folder or with it on sys.path
+from whatif import production, scaled  # bench/whatif.py (the script's folder is on sys.path)
 
 from policy import DEFAULT_POLICY, load_policy
 from runtime.advise.levers import grid, parse_vary
 from runtime.advise.sweep import run_sweep
 from runtime.sim.options import Options, build_whatif
-from runtime.sim.traces import diurnal
+from runtime.sim.traces import demand_csv
 from runtime.sim.whatif import run_pooled
 
 
@@ -34,16 +34,12 @@ def _inputs(root: Path, gpus: int, hours: float) -> tuple[Path, Options]:
     policy, total = scaled(gpus)
     shutil.copytree(DEFAULT_POLICY.parent / "models", root / "models")
     (root / "pool.yaml").write_text(yaml.safe_dump(policy.model_dump(mode="json", by_alias=True)))
-    trace = diurnal(
-        hours=hours,
-        peak_gpus=int(total * 0.7),
-        trough_gpus=max(1, total // 10),
-        seed=1,
-        duty_cycle=0.5,
-    )
-    rows = ["timestamp,gpus_demanded,duty_cycle"]
-    rows += [f"{i * trace.step_s:g},{h},0.5" for i, h in enumerate(trace.held.tolist())]
-    (root / "production.csv").write_text("\n".join(rows) + "\n")
+    trace = production(total, hours)
+    samples = [
+        (i * trace.step_s, float(h), float(b))
+        for i, (h, b) in enumerate(zip(trace.held.tolist(), trace.busy.tolist(), strict=True))
+    ]
+    (root / "production.csv").write_text(demand_csv(samples, source="bench"))
     options = Options(
         str(root / "production.csv"),
         (),

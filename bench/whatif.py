@@ -18,7 +18,7 @@ import time
 from policy import DEFAULT_POLICY, load_policy, parse_policy
 from runtime.sim.engine import Settings
 from runtime.sim.production import ProductionRule
-from runtime.sim.traces import bundled, diurnal, load_flex_trace
+from runtime.sim.traces import ProductionTrace, bundled, diurnal, load_flex_trace
 from runtime.sim.whatif import Demand, WhatIf, run
 
 
@@ -34,15 +34,20 @@ def scaled(gpus: int):  # type: ignore[no-untyped-def]
     return parse_policy(document), nodes * per_node
 
 
-def once(gpus: int, hours: float) -> tuple[float, float]:
-    policy, total = scaled(gpus)
-    trace = diurnal(
+def production(total: int, hours: float) -> ProductionTrace:
+    """The diurnal production trace of a ``total``-GPU cluster: peak 70 %, trough 10 %."""
+    return diurnal(
         hours=hours,
         peak_gpus=int(total * 0.7),
         trough_gpus=max(1, total // 10),
         seed=1,
         duty_cycle=0.5,
     )
+
+
+def once(gpus: int, hours: float) -> tuple[float, float]:
+    policy, total = scaled(gpus)
+    trace = production(total, hours)
     demand = {policy.workloads[0].name: Demand(backlog=load_flex_trace(bundled("azure-code")))}
     settings = Settings(hours=hours, production=ProductionRule("held"))
     start = time.perf_counter()

@@ -16,7 +16,7 @@ from runtime.advise import folder, front, levers, recommended, report
 from runtime.advise.sweep import SweepError, run_sweep
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
-from runtime.cli.whatif_commands import DOMAIN_ERRORS, print_table
+from runtime.cli.whatif_commands import DOMAIN_ERRORS, ProdTraceOption, print_table
 from runtime.sim.options import Options
 from runtime.tuner.yamledit import YamlEditError
 
@@ -34,13 +34,7 @@ def advise(
         Path | None,
         typer.Option("--policy", help="Policy file (default ./policy/pool.yaml, else embedded)."),
     ] = None,
-    prod_trace: Annotated[
-        str | None,
-        typer.Option(
-            help="Production trace: Alibaba duty-cycle CSV, timestamp,gpus_demanded CSV, or "
-            "'diurnal' (default: the bundled Alibaba sample)."
-        ),
-    ] = None,
+    prod_trace: ProdTraceOption = None,
     flex_trace: Annotated[
         list[str] | None,
         typer.Option(help="[WORKLOAD=]FILE[:CLASS] flex requests, as for whatif; repeatable."),

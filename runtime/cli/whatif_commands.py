@@ -65,6 +65,17 @@ def _table(*headers: str, title: str | None = None) -> Table:
     return out
 
 
+ProdTraceOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Production trace: Alibaba duty-cycle CSV, timestamp,gpus_demanded[,duty_cycle] "
+        "CSV (gpupool production-trace writes one), or 'diurnal' (default: the bundled "
+        "Alibaba sample)."
+    ),
+]
+"""``--prod-trace`` of every command that replays."""
+
+
 def print_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """A console table whose values stay whole at any width (``_table``)."""
     table = _table(*headers)
@@ -156,13 +167,7 @@ def whatif(
     policy_path: Annotated[
         str, typer.Option(help="Policy file inside the repository.")
     ] = "policy/pool.yaml",
-    prod_trace: Annotated[
-        str | None,
-        typer.Option(
-            help="Production trace: Alibaba duty-cycle CSV, timestamp,gpus_demanded CSV, or "
-            "'diurnal' (default: the bundled Alibaba sample)."
-        ),
-    ] = None,
+    prod_trace: ProdTraceOption = None,
     flex_trace: Annotated[
         list[str] | None,
         typer.Option(
