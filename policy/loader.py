@@ -14,6 +14,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from policy.base import InvariantViolation
 from policy.images import image_warnings
 from policy.migrations import RENAMED_FIELDS
+from policy.placeholders import placeholder_warnings
 from policy.pool import PoolPolicy
 
 DEFAULT_POLICY = Path(__file__).with_name("pool.yaml")
@@ -105,7 +106,7 @@ def policy_warnings(
     ``validate`` and ``render`` print them after the file is accepted; ``document`` is the
     parsed YAML the policy came from (its lines), None when there is none.
     """
-    found = [*policy.warnings(), *image_warnings(policy)]
+    found = [*policy.warnings(), *image_warnings(policy), *placeholder_warnings(policy)]
     return sorted(
         (locate(document, source, path, message, "warning") for path, message in found),
         key=lambda p: (p.line, p.path),

@@ -40,9 +40,10 @@ class Cluster(StrictModel):
     pool_label: NodeLabelKey = "gpupool.io/pool"
     """Node label (and taint key) whose value is the node pool's name; not under
     ``kubernetes.io``, ``k8s.io`` or ``karpenter.sh`` (reserved)."""
-    runtime_image: ImageReference = "gpupool/gpupool:0.1.0"
-    """Image of gpupool's own runtime components (the tuner); it contains the ``gpupool`` CLI.
-    Pin it by digest (``REPOSITORY@sha256:<digest>``): a tag-only image is a warning."""
+    runtime_image: ImageReference
+    """Image of gpupool's own runtime components (the tuner, the KV sidecars); it contains the
+    ``gpupool`` CLI. Yours to build (``infra/images/runtime.Dockerfile``) and push, so no
+    default. Pin it by digest (``REPOSITORY@sha256:<digest>``): a tag-only image is a warning."""
     image_pull_secrets: list[DnsLabel] = Field(default_factory=list)
     """``imagePullSecrets`` of every pod gpupool renders (private registries); each Secret
     must exist in both gpupool namespaces."""
@@ -75,8 +76,9 @@ class PoolPolicy(StrictModel):
     """Alert thresholds and Alertmanager routing."""
     metrics: MetricSources = MetricSources()
     """Label names and windows of the metric sources the catalogue queries."""
-    tuner: Tuner = Tuner()
-    """The in-cluster tuner's policy repository, forge and Secret references."""
+    tuner: Tuner
+    """The in-cluster tuner's policy repository (``policy_repo_url``: required), forge and
+    Secret references."""
     network: Network = Network()
     """Who may reach gpupool's pods (the NetworkPolicies' peers)."""
     workloads: list[FlexWorkload] = Field(default_factory=list)
@@ -190,6 +192,14 @@ class PoolPolicy(StrictModel):
                 "and the KV buffer, which compaction and shrink change under it (stale blocks "
                 "stored under correct prefix hashes); expected kv_compaction: false or "
                 "kv_preservation: off",
+            )
+            found.require(
+                self.kv_cache.kv_preservation != "filesystem"
+                or w.snapshot_volume.storage_class is not None,
+                f"{at}.snapshot_volume.storage_class",
+                f"kv_cache.kv_preservation: filesystem gives workload {w.name!r} a snapshot "
+                "PersistentVolumeClaim, which needs a StorageClass; expected "
+                "snapshot_volume.storage_class (`kubectl get storageclass`)",
             )
             found.require(
                 self.kv_cache.kv_preservation != "filesystem"

@@ -31,10 +31,9 @@ class Tuner(StrictModel):
     alertmanager_secrets_dir: str = Field("/etc/alertmanager/secrets", pattern=r"^/\S*[^/]$")
     """Where Alertmanager sees the Secrets of its ``spec.secrets`` (prometheus-operator mounts
     each at ``<dir>/<secret>/<key>``); the tuner receiver's ``credentials_file`` lives here."""
-    policy_repo_url: str = Field(
-        "https://github.com/gpupool/gpupool.git", pattern=r"^(https?://|ssh://|file://|git@)\S+$"
-    )
-    """Repository holding the policy file; cloned into the tuner's volume at pod start."""
+    policy_repo_url: str = Field(pattern=r"^(https?://|ssh://|file://|git@)\S+$")
+    """Your policy repository (the one holding this file); cloned into the tuner's volume at
+    pod start. No default: only you know it."""
     policy_repo_branch: str = Field("main", pattern=r"^[^\s~^:?*\[\\]+$")
     """Branch the tuner clones and proposes changes against."""
     policy_repo_path: str = Field("policy/pool.yaml", pattern=r"^[^/\s][^\s]*\.ya?ml$")

@@ -29,8 +29,10 @@ class SnapshotVolume(StrictModel):
 
     size: Quantity = "100Gi"
     """PersistentVolumeClaim request."""
-    storage_class: DnsSubdomain
-    """StorageClass; cluster-specific, so pool.yaml must name one (``kubectl get sc``)."""
+    storage_class: DnsSubdomain | None = None
+    """StorageClass (``kubectl get storageclass``); cluster-specific, so no default. Needed
+    only with ``kv_cache.kv_preservation: filesystem``, the one setting that renders the
+    volume."""
     access_mode: AccessMode = "ReadWriteMany"
     """``ReadWriteMany`` lets a rescheduled replica on another node read the snapshot;
     ``ReadWriteOnce``/``ReadWriteOncePod`` keep every replica on one node's volume."""
@@ -160,8 +162,9 @@ class FlexWorkload(StrictModel):
     """Run the KV compaction sidecar in each pod and load gpupool's vLLM plugin (compact, shrink
     and grow the KV pool at run time, docs/kvcache.md). Off: neither is deployed, and vLLM
     keeps its default CUDA-graph mode."""
-    snapshot_volume: SnapshotVolume
-    """KV snapshot volume (cluster-specific storage class)."""
+    snapshot_volume: SnapshotVolume = SnapshotVolume()
+    """KV snapshot volume, rendered only with ``kv_cache.kv_preservation: filesystem`` (then
+    its ``storage_class`` is required)."""
     model_cache: ModelCache = ModelCache()
     """The weights' cache: size-bounded per pod by default, or a shared persistent volume."""
     hf_token_secret: DnsLabel | None = None

@@ -13,6 +13,9 @@
 #   3. $GPUPOOL_WHATIF --base BASE --head HEAD --policy-path POLICY
 #        --markdown OUT_DIR/comment.md --plots OUT_DIR
 #      (the closed-loop replay; skipped when validation failed);
+#   3b. $GPUPOOL_ADVISE --policy POLICY (at HEAD_REF) --out OUT_DIR/advice: a sweep around
+#      the head policy; the comment says whether the head lies on the Pareto front of its
+#      own sweep (advisory: a failed sweep is said, never fails the check);
 #   4. writes OUT_DIR/pr-comment.md: the verdict, the replay's markdown and the diff in a
 #      collapsed <details> section when it fits GitHub's limit (otherwise a pointer to
 #      OUT_DIR/policy.diff), and posts it with `gpupool pr-comment` when GITHUB_TOKEN,
@@ -28,6 +31,8 @@
 #   OUT_DIR         output folder, to keep as a CI artifact (default build/whatif)
 #   GPUPOOL         the gpupool command (default gpupool)
 #   GPUPOOL_WHATIF  the replay command (default "$GPUPOOL whatif"); split on blanks
+#   GPUPOOL_ADVISE  the sweep command (default "$GPUPOOL advise --budget-s 600"); split on
+#                   blanks; "off" skips the sweep
 #   PR_NUMBER       pull request number
 #   PR_REPO         OWNER/NAME (default $GITHUB_REPOSITORY)
 #   GITHUB_TOKEN    token that may comment (pull-requests: write); unset: nothing is posted
@@ -53,6 +58,7 @@ POLICY="${POLICY:-policy/pool.yaml}"
 OUT_DIR="${OUT_DIR:-build/whatif}"
 GPUPOOL="${GPUPOOL:-gpupool}"
 GPUPOOL_WHATIF="${GPUPOOL_WHATIF:-$GPUPOOL whatif}"
+GPUPOOL_ADVISE="${GPUPOOL_ADVISE:-$GPUPOOL advise --budget-s 600}"
 PR_NUMBER="${PR_NUMBER:-}"
 PR_REPO="${PR_REPO:-${GITHUB_REPOSITORY:-}}"
 COMMENT_MARKER="${COMMENT_MARKER:-<!-- gpupool-whatif -->}"
@@ -65,6 +71,7 @@ MAX_CHARS=65535 # GitHub refuses comment bodies of 65,536 characters and more
 [ -n "$BASE_REF" ] || die "BASE_REF is not set (usage: $0 BASE_REF [HEAD_REF])"
 read -r -a gpupool_cmd <<<"$GPUPOOL"
 read -r -a whatif_cmd <<<"$GPUPOOL_WHATIF"
+read -r -a advise_cmd <<<"$GPUPOOL_ADVISE"
 [ "${#gpupool_cmd[@]}" -gt 0 ] || die "GPUPOOL is empty"
 [ "${#whatif_cmd[@]}" -gt 0 ] || die "GPUPOOL_WHATIF is empty"
 case "$POLICY" in
@@ -159,6 +166,18 @@ if [ "$valid" = 1 ] && [ "$base_has_policy" = 1 ]; then
   fi
 fi
 
+# --- 3b. the head policy against its own sweep ----------------------------------------
+front=""
+advise_log="$OUT_DIR/advise.log"
+if [ "$valid" = 1 ] && [ "$GPUPOOL_ADVISE" != off ] && [ "${#advise_cmd[@]}" -gt 0 ]; then
+  log "${advise_cmd[*]} --policy $POLICY (at $short_head)"
+  if "${advise_cmd[@]}" --policy "$scratch/head/$POLICY" --out "$OUT_DIR/advice" \
+    >"$advise_log" 2>&1; then
+    front=$(grep -m 1 '^Front: ' "$OUT_DIR/advice/advise.md" || true)
+  fi
+  [ -n "$front" ] || front="Front: the sweep around the head policy did not finish (\`$advise_log\`)."
+fi
+
 # --- 4. the comment -------------------------------------------------------------------
 head_part="$scratch/head.md"
 {
@@ -173,6 +192,7 @@ head_part="$scratch/head.md"
     printf 'replayed. Fix these problems:\n\n'
     fenced "$validation" text 200
   fi
+  if [ -n "$front" ]; then printf '\n%s\n' "$front"; fi
   if [ "$whatif_failed" = 1 ]; then
     printf '\n**Replay failed**: `%s` did not finish; its output:\n\n' "${whatif_cmd[*]}"
     fenced "$whatif_log" text 60

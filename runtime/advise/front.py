@@ -59,15 +59,16 @@ def rate(points: Sequence[Point], fixed: Summary) -> list[Rated]:
     )
     out = []
     for point, summary in replayed:
-        h, gain = harm(summary), summary.harvested_gpu_h
-        dominated = any(
-            other.harvested_gpu_h >= gain
-            and harm(other) <= h
-            and (other.harvested_gpu_h > gain or harm(other) < h)
-            for _, other in replayed
-        )
+        h = harm(summary)
+        dominated = any(dominates(other, summary) for _, other in replayed)
         out.append(Rated(point, summary, h, not dominated, _refused(summary, fixed, waits)))
     return out
+
+
+def dominates(a: Summary, b: Summary) -> bool:
+    """``a`` harvests at least as much as ``b`` with no more harm, and is better in one."""
+    gain, loss = a.harvested_gpu_h - b.harvested_gpu_h, harm(a) - harm(b)
+    return gain >= 0 and loss <= 0 and (gain > 0 or loss < 0)
 
 
 def _refused(summary: Summary, fixed: Summary, waits: float) -> str | None:

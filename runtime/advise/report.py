@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from runtime.advise.front import Rated
+from runtime.advise.front import Rated, dominates
 from runtime.advise.sweep import Sweep
 from runtime.sim.markdown import value_delta
 from runtime.sim.report import Summary
@@ -80,6 +80,8 @@ def markdown(sweep: Sweep, rated: Sequence[Rated], pick: Rated | None) -> str:
         "",
         recommendation_line(sweep, pick),
         "",
+        front_line(rated),
+        "",
         f"![harvest against production harm]({PLOT})",
         "",
         f"Fixed topology on the current hardware: harvested {f.harvested_gpu_h:,.1f} GPU-h, "
@@ -96,6 +98,32 @@ def markdown(sweep: Sweep, rated: Sequence[Rated], pick: Rated | None) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+FRONT = "Front: "
+"""Start of the line that says whether the current policy is on the front (the
+pull-request check quotes it)."""
+
+
+def front_line(rated: Sequence[Rated]) -> str:
+    """Whether the current policy lies on the Pareto front of its own sweep, and if not, the
+    variant that beats it by the most harvest."""
+    current = next((r for r in rated if not r.point.variant.edits), None)
+    if current is None:
+        return f"{FRONT}the current policy was not replayed."
+    if current.on_front:
+        return (
+            f"{FRONT}the current policy is on the Pareto front of its sweep: no variant "
+            "harvests more with no more production harm."
+        )
+    better = [r for r in rated if dominates(r.summary, current.summary)]
+    best = max(better, key=lambda r: r.summary.harvested_gpu_h)
+    gain = best.summary.harvested_gpu_h - current.summary.harvested_gpu_h
+    return (
+        f"{FRONT}the current policy is NOT on the Pareto front of its sweep: "
+        f"{best.point.variant.name} harvests {gain:+,.1f} GPU-h with no more production harm "
+        f"({len(better)} variants beat it)."
+    )
 
 
 def _monthly(summary: Summary) -> str:

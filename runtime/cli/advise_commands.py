@@ -59,8 +59,8 @@ def advise(
         float, typer.Option(min=1, help="Stop starting replays after this many seconds.")
     ] = 900.0,
     jobs: Annotated[
-        int, typer.Option(min=1, max=256, help="Parallel processes (default: the CPUs).")
-    ] = 0,
+        int | None, typer.Option(min=1, max=256, help="Parallel processes (default: the CPUs).")
+    ] = None,
     max_variants: Annotated[
         int, typer.Option(min=1, max=10_000, help="Refuse a sweep of more variants.")
     ] = levers.MAX_VARIANTS,
@@ -143,6 +143,7 @@ def advise(
             raise UsageProblem(str(exc)) from None
     print_table(report.CONSOLE_COLUMNS, report.console_rows(report.table_rows(rated, pick)))
     console.print(report.recommendation_line(sweep, pick), markup=False)
+    console.print(report.front_line(rated), markup=False)
     for point in sweep.points:
         if point.summary is None:
             console.print(f"not replayed: {point.variant.name}: {point.problem}", markup=False)

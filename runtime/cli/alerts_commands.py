@@ -9,8 +9,9 @@ import typer
 from rich.console import Console
 
 from alerts.render import render as render_bundle
-from policy import DEFAULT_POLICY, load_policy
+from policy import load_policy
 from runtime.cli.errors import reported_errors
+from runtime.cli.policy_commands import ExampleOption, PolicyFile, policy_file
 
 console = Console(highlight=False)
 alerts_app = typer.Typer(help="Prometheus rules, Alertmanager routing and dashboard.")
@@ -19,19 +20,19 @@ alerts_app = typer.Typer(help="Prometheus rules, Alertmanager routing and dashbo
 @alerts_app.command()
 def render(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to (re)create.")],
-    file: Annotated[
-        Path, typer.Argument(help="Policy file (default: the embedded policy/pool.yaml).")
-    ] = DEFAULT_POLICY,
+    file: PolicyFile = None,
+    example: ExampleOption = False,
 ) -> None:
     """Write rules/*.yaml, alertmanager.yml, prometheus-adapter.yaml and dashboard.json.
 
     The directory is replaced atomically; the same policy always gives the same bytes, so
     `promtool test rules` and `amtool` can run on the output and CI can diff it.
     """
+    path = policy_file(file, example=example)
     with reported_errors():
-        policy = load_policy(file)
+        policy = load_policy(path)
     written = render_bundle(policy, out)
-    console.print(f"{out}: {len(written)} files from {file}", markup=False)
+    console.print(f"{out}: {len(written)} files from {path}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,6 +9,7 @@ from runtime.cli import (
     alerts_commands,
     forge_commands,
     infra_commands,
+    init_commands,
     kvcache_commands,
     policy_commands,
     snapshot_commands,
@@ -25,6 +26,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+init_commands.register(app)
 policy_commands.register(app)
 infra_commands.register(app)
 vllm_commands.register(app)

@@ -23,9 +23,14 @@ from infra.inputs import load_inputs
 from infra.output import OutputError, WriteResult, write_documents
 from infra.pipeline import render_inputs, render_policy_file
 from infra.summary import summarize
-from policy import DEFAULT_POLICY
 from runtime.cli.errors import UsageProblem, reported_errors
-from runtime.cli.policy_commands import PolicyFile, policy_file, print_warnings
+from runtime.cli.policy_commands import (
+    ExampleOption,
+    PolicyFile,
+    PolicyOption,
+    policy_file,
+    print_warnings,
+)
 from runtime.cli.whatif_commands import replay_demo
 
 console = Console(highlight=False)
@@ -66,12 +71,14 @@ def render(
     hpa_tolerance: ToleranceOption = "cluster",
     serving: ServingOption = DEFAULT_SERVING.mode,
     objective_api: ObjectiveApiOption = DEFAULT_SERVING.objective_api,
+    example: ExampleOption = False,
 ) -> None:
     """Write every object as YAML, one file each, byte-identical for the same policy; the
     directory is replaced whole (files gpupool did not write are kept)."""
     options = ServingOptions(serving, objective_api)
+    path = policy_file(file, example=example)
     with reported_errors():
-        inputs = load_inputs(policy_file(file), serving=options)
+        inputs = load_inputs(path, serving=options)
         documents = render_inputs(
             inputs, target=target, hpa_tolerance=hpa_tolerance, serving=options
         ).documents
@@ -89,8 +96,7 @@ def diff(
     new: Annotated[
         Path | None,
         typer.Argument(
-            help="Policy after the change (default: ./policy/pool.yaml if it exists, "
-            "else the packaged one).",
+            help="Policy after the change (default: ./policy/pool.yaml).",
             show_default=False,
         ),
     ] = None,
@@ -101,14 +107,18 @@ def diff(
     exit_code: Annotated[
         bool, typer.Option("--exit-code", help="Exit 1 when the renders differ (like git diff).")
     ] = False,
+    example: Annotated[
+        bool, typer.Option("--example", help="NEW is the packaged example policy.")
+    ] = False,
 ) -> None:
     """Render both policies and print the object-level difference (exit 0 unless --exit-code)."""
     options = ServingOptions(serving, objective_api)
+    new_file = policy_file(new, example=example)
     with reported_errors():
         text = diff_documents(
             render_policy_file(old, target=target, hpa_tolerance=hpa_tolerance, serving=options),
             render_policy_file(
-                policy_file(new), target=target, hpa_tolerance=hpa_tolerance, serving=options
+                new_file, target=target, hpa_tolerance=hpa_tolerance, serving=options
             ),
         )
     typer.echo(text or "no differences", nl=not text)
@@ -124,11 +134,15 @@ def demo(
     whatif_out: Annotated[
         Path, typer.Option("--whatif-out", help="Folder of the what-if report, plots and JSON.")
     ] = Path("build/whatif"),
+    file: PolicyOption = None,
+    example: ExampleOption = False,
 ) -> None:
-    """Validate and render the embedded default policy, summarise what it declares, and
-    replay the bundled traces through its closed loop (pooled vs fixed topology)."""
+    """Validate and render the policy (./policy/pool.yaml, or the packaged example with
+    --example), summarise what it declares, and replay the bundled traces through its closed
+    loop (pooled vs fixed topology)."""
+    path = policy_file(file, example=example)
     with reported_errors():
-        inputs = load_inputs(DEFAULT_POLICY)
+        inputs = load_inputs(path)
         rendered = render_inputs(inputs, target=target)
         objects = rendered.objects
         folder = out or Path(tempfile.mkdtemp(prefix="gpupool-demo-"))
@@ -140,10 +154,10 @@ def demo(
             rich_table.add_row(*row)
         console.print(rich_table)
     console.print(
-        f"{DEFAULT_POLICY}: valid; {len(objects)} objects ({target} target) rendered to {folder}",
+        f"{path}: valid; {len(objects)} objects ({target} target) rendered to {folder}",
         markup=False,
     )
-    replay_demo(whatif_out)
+    replay_demo(whatif_out, path)
 
 
 def _write(out: Path, documents: dict[str, str]) -> WriteResult:

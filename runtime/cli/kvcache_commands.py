@@ -11,9 +11,10 @@ from typing import Annotated, Any
 import typer
 
 from infra.builders.compaction_sidecar import SOCKET_PATH, TOKEN_PATH
-from policy import DEFAULT_POLICY, load_policy
+from policy import load_policy
 from policy.base import duration_seconds
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.policy_commands import ExampleOption, policy_file
 from runtime.kvcache.control import ControlClient, ControlError, read_token
 from runtime.kvcache.limits import CompactionLimits
 
@@ -25,7 +26,14 @@ kv_app = typer.Typer(
 
 SocketOpt = Annotated[Path, typer.Option("--socket", help="The plugin's control socket.")]
 TokenOpt = Annotated[Path, typer.Option("--token-file", help="File holding the control token.")]
-PolicyOpt = Annotated[Path, typer.Option("--policy", help="Policy file with the triggers.")]
+PolicyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--policy",
+        help="Policy file with the triggers (default: ./policy/pool.yaml).",
+        show_default=False,
+    ),
+]
 
 
 def _client(socket: Path, token_file: Path) -> ControlClient:
@@ -44,9 +52,10 @@ def _call(socket: Path, token_file: Path, op: str, **args: Any) -> None:
         typer.echo(reply["text"] if op == "metrics" else json.dumps(reply, indent=2))
 
 
-def _limits(policy: Path) -> dict[str, Any]:
+def _limits(policy: Path | None, example: bool) -> dict[str, Any]:
+    path = policy_file(policy, example=example)
     with reported_errors():
-        return CompactionLimits.from_policy(load_policy(policy).kv_cache).__dict__
+        return CompactionLimits.from_policy(load_policy(path).kv_cache).__dict__
 
 
 @kv_app.command()
@@ -65,10 +74,11 @@ def metrics(socket: SocketOpt = Path(SOCKET_PATH), token_file: TokenOpt = Path(T
 def compact(
     socket: SocketOpt = Path(SOCKET_PATH),
     token_file: TokenOpt = Path(TOKEN_PATH),
-    policy: PolicyOpt = DEFAULT_POLICY,
+    policy: PolicyOpt = None,
+    example: ExampleOption = False,
 ) -> None:
     """Pack occupied blocks into the low end of the pool (bounded by the policy)."""
-    _call(socket, token_file, "compact", limits=_limits(policy))
+    _call(socket, token_file, "compact", limits=_limits(policy, example))
 
 
 @kv_app.command()
@@ -76,13 +86,14 @@ def shrink(
     num_blocks: Annotated[int, typer.Argument(help="New pool size in blocks.")],
     socket: SocketOpt = Path(SOCKET_PATH),
     token_file: TokenOpt = Path(TOKEN_PATH),
-    policy: PolicyOpt = DEFAULT_POLICY,
+    policy: PolicyOpt = None,
+    example: ExampleOption = False,
 ) -> None:
     """Compact below NUM_BLOCKS, cut the pool to it and release the memory.
 
     The plugin refuses a NUM_BLOCKS below the shrink floor (blocks requests hold + one
     max_model_len sequence + the null block) and says what the floor is."""
-    _call(socket, token_file, "shrink", num_blocks=num_blocks, limits=_limits(policy))
+    _call(socket, token_file, "shrink", num_blocks=num_blocks, limits=_limits(policy, example))
 
 
 @kv_app.command()
@@ -102,7 +113,8 @@ def run(
     metrics_url: Annotated[str, typer.Option("--metrics-url", help="The instance's /metrics.")],
     socket: SocketOpt = Path(SOCKET_PATH),
     token_file: TokenOpt = Path(TOKEN_PATH),
-    policy: PolicyOpt = DEFAULT_POLICY,
+    policy: PolicyOpt = None,
+    example: ExampleOption = False,
     listen: Annotated[
         str, typer.Option("--listen", help="HOST:PORT of /metrics and POST /shrink.")
     ] = "127.0.0.1:9400",
@@ -130,9 +142,9 @@ def run(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    policy_file = PolicyFile(policy)
+    watched = PolicyFile(policy_file(policy, example=example))
     with reported_errors():
-        loaded = policy_file.load()
+        loaded = watched.load()
         try:
             token = read_token(token_file)
         except ControlError as exc:
@@ -148,7 +160,7 @@ def run(
             except ControlError as exc:
                 raise UsageProblem(str(exc)) from None
     sidecar = CompactionSidecar(
-        loaded, metrics_url, ControlClient(socket, token), policy_file, workload=workload
+        loaded, metrics_url, ControlClient(socket, token), watched, workload=workload
     )
     server = serve_http(sidecar, host, int(port), token, compaction_token)
     done = 0

@@ -1,14 +1,15 @@
 """``validate`` and ``schema``: check a policy file and publish its JSON Schema for editors.
 
-``policy_file`` is how ``validate``, ``render`` and ``diff`` pick the policy when FILE is
-omitted, so all three read the same one.
+``policy_file`` is how every command that reads a policy picks it: the file given, else
+``./policy/pool.yaml``; the packaged example only with ``--example``. Outside a policy
+repository a command refuses with one line that names ``gpupool init`` and ``--example``.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -25,25 +26,60 @@ LOCAL_POLICY = Path("policy/pool.yaml")
 PolicyFile = Annotated[
     Path | None,
     typer.Argument(
-        help="Policy file (default: ./policy/pool.yaml if it exists, else the packaged one).",
+        help="Policy file (default: ./policy/pool.yaml).",
         show_default=False,
+    ),
+]
+PolicyOption = Annotated[
+    Path | None,
+    typer.Option("--policy", help="Policy file (default: ./policy/pool.yaml).", show_default=False),
+]
+ExampleOption = Annotated[
+    bool,
+    typer.Option(
+        "--example",
+        help="Use the packaged example policy (an H200 demo cluster, not yours).",
     ),
 ]
 
 
-def policy_file(file: Path | None) -> Path:
-    """``file`` when given; else ``./policy/pool.yaml`` when it exists (the user's repository),
-    else the packaged default. An omitted FILE is named on stderr, so nobody validates or
-    renders the packaged example believing it is theirs."""
+def no_policy_line(cwd: Path | None = None) -> str:
+    """The one line a command prints outside a policy repository."""
+    here = cwd or Path.cwd()
+    return (
+        f"error: no {LOCAL_POLICY} in {here} (not a policy repository): run `gpupool init` to "
+        "write your cluster's policy, give a policy file, or pass --example for the packaged "
+        "example"
+    )
+
+
+def policy_file(file: Path | None, *, example: bool = False) -> Path:
+    """``file`` when given; else ``./policy/pool.yaml`` (the user's repository); the packaged
+    example only with ``example`` (``--example``). Without a file and outside a policy
+    repository the command stops with ``no_policy_line`` (exit 2): a CI job in the wrong folder
+    must fail, not validate the example. The policy picked without FILE is named on stderr."""
+    if example:
+        if file is not None:
+            _refuse(f"error: give a policy file ({file}) or --example, not both")
+        err_console.print(
+            f"policy: {DEFAULT_POLICY} (the packaged example, --example)", markup=False
+        )
+        return DEFAULT_POLICY
     if file is not None:
         return file
-    if LOCAL_POLICY.exists():
+    if LOCAL_POLICY.exists() or LOCAL_POLICY.is_symlink():
         err_console.print(f"policy: {LOCAL_POLICY} (from the current directory)", markup=False)
         return LOCAL_POLICY
-    err_console.print(
-        f"policy: {DEFAULT_POLICY} (the packaged default; no {LOCAL_POLICY} here)", markup=False
-    )
-    return DEFAULT_POLICY
+    _refuse(no_policy_line())
+
+
+def _refuse(line: str) -> NoReturn:
+    err_console.print(line, markup=False)
+    raise typer.Exit(NO_POLICY_EXIT)
+
+
+NO_POLICY_EXIT = 2
+"""Exit status without a policy to read (a usage error, as for a missing argument)."""
 
 
 def print_warnings(inputs: BundleInputs) -> None:
@@ -52,10 +88,10 @@ def print_warnings(inputs: BundleInputs) -> None:
         err_console.print(str(warning), markup=False)
 
 
-def validate(file: PolicyFile = None) -> None:
+def validate(file: PolicyFile = None, example: ExampleOption = False) -> None:
     """Check a policy file and the model configs it names, exactly as ``render`` does; print
     every problem as FILE:LINE: field: message (warnings too, on stderr, exit 0)."""
-    path = policy_file(file)
+    path = policy_file(file, example=example)
     with reported_errors():
         inputs = load_inputs(path)
     print_warnings(inputs)

@@ -12,8 +12,8 @@ from typing import Annotated
 
 import typer
 
-from policy import DEFAULT_POLICY
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.policy_commands import ExampleOption, policy_file
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,14 @@ snapshot_app = typer.Typer(
 )
 
 RootOpt = Annotated[Path, typer.Option("--root", help="Mount path of the snapshot volume.")]
-PolicyOpt = Annotated[Path, typer.Option("--policy", help="Policy file with the tier bounds.")]
+PolicyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--policy",
+        help="Policy file with the tier bounds (default: ./policy/pool.yaml).",
+        show_default=False,
+    ),
+]
 CapacityOpt = Annotated[
     int,
     typer.Option(
@@ -38,7 +45,8 @@ CapacityOpt = Annotated[
 def gc(
     root: RootOpt,
     capacity_bytes: CapacityOpt,
-    policy: PolicyOpt = DEFAULT_POLICY,
+    policy: PolicyOpt = None,
+    example: ExampleOption = False,
     listen: Annotated[
         str, typer.Option("--listen", help="HOST:PORT of /metrics.")
     ] = "127.0.0.1:9400",
@@ -59,10 +67,10 @@ def gc(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    policy_file = PolicyFile(policy)
+    watched = PolicyFile(policy_file(policy, example=example))
     with reported_errors():
         try:
-            settings = settings_for(policy_file.load(), capacity_bytes)
+            settings = settings_for(watched.load(), capacity_bytes)
         except ValueError as exc:
             raise UsageProblem(f"--capacity-bytes: {exc}") from None
         host, _, port = listen.rpartition(":")
@@ -76,7 +84,7 @@ def gc(
     done = 0
     try:
         while passes == 0 or done < passes:
-            reload = policy_file.refresh()
+            reload = watched.refresh()
             for problem in reload.problems:
                 log.warning("policy update refused, the last good one stays: %s", problem)
             if reload.policy is not None:

@@ -16,9 +16,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from policy import DEFAULT_POLICY, PoolPolicy, load_policy
+from policy import PoolPolicy, load_policy
 from policy.workloads import AttentionBackend, FlexWorkload
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.policy_commands import ExampleOption, policy_file
 from runtime.vllm import (
     BackendError,
     KvCachePlan,
@@ -54,7 +55,8 @@ def parse_memory(text: str) -> int:
 
 
 PolicyOption = Annotated[
-    Path, typer.Option("--policy", help="Policy file (default: the embedded policy/pool.yaml).")
+    Path | None,
+    typer.Option("--policy", help="Policy file (default: ./policy/pool.yaml).", show_default=False),
 ]
 WorkloadOption = Annotated[
     str | None, typer.Option("--workload", help="Flex workload name (default: the first one).")
@@ -62,7 +64,9 @@ WorkloadOption = Annotated[
 ModelOption = Annotated[
     Path | None,
     typer.Option(
-        "--model", help="Model directory or config.json (default: the workload's hf_config)."
+        "--model",
+        help="Model directory or config.json (default: the workload's model and hf_config); "
+        "the arguments then serve this model.",
     ),
 ]
 GpuMemoryOption = Annotated[
@@ -104,20 +108,24 @@ def _domain_errors() -> Iterator[None]:
 
 
 def _plan(
-    policy_file: Path,
+    source: Path,
     workload_name: str | None,
     model_dir: Path | None,
     gpu_memory: str | None,
     tp: int | None,
     backend: str | None,
 ) -> _Inputs:
-    policy = load_policy(policy_file)
-    workload = _workload(policy, workload_name, policy_file)
+    policy = load_policy(source)
+    workload = _workload(policy, workload_name, source)
     if backend is not None and backend not in get_args(AttentionBackend):
         raise UsageProblem(
             f"--backend {backend!r} is unknown; expected one of {list(get_args(AttentionBackend))}"
         )
-    model = load_model_spec(model_dir or policy_file.parent / workload.hf_config)
+    model = load_model_spec(model_dir or source.parent / workload.hf_config)
+    if model_dir is not None:
+        # --model describes the model it names: vLLM's --model (and the title, and the KV
+        # snapshot identity) is that model, not the workload's.
+        workload = workload.model_copy(update={"model": served_model(model_dir)})
     plan = plan_kv_cache(
         policy,
         workload,
@@ -127,6 +135,22 @@ def _plan(
         tensor_parallel=tp,
     )
     return _Inputs(policy, workload, plan)
+
+
+def served_model(model: Path) -> str:
+    """What vLLM's ``--model`` is for ``--model PATH``: a directory is the model itself (its
+    weights beside ``config.json``); a ``config.json`` file, its folder; another JSON file (a
+    config kept apart from any weights), the Hugging Face id in its ``_name_or_path`` when it
+    has one, else the file as given."""
+    if model.is_dir():
+        return str(model)
+    if model.name == "config.json":
+        return str(model.parent)
+    try:
+        name = json.loads(model.read_text(encoding="utf-8")).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return name if isinstance(name, str) and name else str(model)
 
 
 def _workload(policy: PoolPolicy, name: str | None, source: Path) -> FlexWorkload:
@@ -143,15 +167,17 @@ def vllm_args(
     gpu_memory: GpuMemoryOption = None,
     tp: TpOption = None,
     backend: BackendOption = None,
-    policy: PolicyOption = DEFAULT_POLICY,
+    policy: PolicyOption = None,
+    example: ExampleOption = False,
     workload: WorkloadOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print only the arguments, as a JSON list.")
     ] = False,
 ) -> None:
     """Print the flex container's vLLM arguments and a table explaining each derived number."""
+    source = policy_file(policy, example=example)
     with _domain_errors():
-        plan = _plan(policy, workload, model, gpu_memory, tp, backend).plan
+        plan = _plan(source, workload, model, gpu_memory, tp, backend).plan
     args = render_args(plan)
     if as_json:
         typer.echo(json.dumps(args))
@@ -173,13 +199,15 @@ def kv_report(
     gpu_memory: GpuMemoryOption = None,
     tp: TpOption = None,
     backend: BackendOption = None,
-    policy: PolicyOption = DEFAULT_POLICY,
+    policy: PolicyOption = None,
+    example: ExampleOption = False,
     workload: WorkloadOption = None,
 ) -> None:
     """Internal fragmentation of a trace at the chosen block size and its neighbours, against a
     contiguous allocator that reserves max-model-len per sequence."""
+    source = policy_file(policy, example=example)
     with _domain_errors():
-        plan = _plan(policy, workload, model, gpu_memory, tp, backend).plan
+        plan = _plan(source, workload, model, gpu_memory, tp, backend).plan
         requests = load_azure_trace(trace)
     report = waste_report(
         [r.total_tokens for r in requests],

@@ -15,9 +15,10 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from infra.builders.workload import HPA_TOLERANCES
-from policy import DEFAULT_POLICY, load_policy
+from policy import load_policy
 from runtime.atomic_file import write_atomic
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.policy_commands import ExampleOption
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.sim import markdown, output
 from runtime.sim.gitrefs import RefError, policy_at
@@ -155,8 +156,9 @@ def write_outputs(
 def whatif(
     policy_file: Annotated[
         Path | None,
-        typer.Option("--policy", help="Policy file (default ./policy/pool.yaml, else embedded)."),
+        typer.Option("--policy", help="Policy file (default: ./policy/pool.yaml)."),
     ] = None,
+    example: ExampleOption = False,
     base: Annotated[
         str | None, typer.Option(help="Git ref of the policy before the change.")
     ] = None,
@@ -269,11 +271,11 @@ def whatif(
         if (base is None) != (head is None):
             raise UsageProblem("--base and --head go together")
         if base is not None and head is not None:
-            if policy_file is not None:
-                raise UsageProblem("use either --policy or --base/--head")
+            if policy_file is not None or example:
+                raise UsageProblem("use either --policy (or --example) or --base/--head")
             _compare(repo, policy_path, base, head, options, json_out, plots, markdown_out)
             return
-        file = resolve_policy_file(policy_file)
+        file = resolve_policy_file(policy_file, example=example)
         result = replay(file, options, str(file))
         names = write_outputs(result, json_out=json_out, plots=plots, markdown_out=markdown_out)
     print_summary(result, f"What-if: {file}, {result.pooled.hours:g} h")
@@ -331,10 +333,11 @@ def _domain_errors() -> Iterator[None]:
         raise UsageProblem(str(exc)) from None
 
 
-def replay_demo(out: Path) -> None:
-    """The demo's replay of the embedded policy; report, plots and JSON under ``out``."""
+def replay_demo(out: Path, policy_file: Path) -> None:
+    """The demo's replay of ``policy_file`` on the bundled traces; report, plots and JSON
+    under ``out``."""
     with reported_errors(), _domain_errors():
-        result = replay(DEFAULT_POLICY, DEMO, "the bundled traces")
+        result = replay(policy_file, DEMO, "the bundled traces")
         names = write_outputs(
             result,
             json_out=out / "whatif.json",

@@ -93,6 +93,7 @@ def test_the_folder_holds_the_table_plot_and_a_policy_that_validates(
     table = (swept / "advise.md").read_text()
     assert "Recommended: gpu-prod.reserve_ratio=0: harvested" in table
     assert "![harvest against production harm](pareto.png)" in table
+    assert "Front: the current policy is NOT on the Pareto front of its sweep: " in table
     original = inputs[0].read_text().splitlines()
     edited = (swept / "recommended.yaml").read_text().splitlines()
     changed = [(a, b) for a, b in zip(original, edited, strict=True) if a != b]

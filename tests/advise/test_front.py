@@ -101,3 +101,23 @@ def test_points_without_a_replay_are_not_rated(base: Summary) -> None:
         Point(Variant((), "skipped"), problem="not reached in the 5 s budget"),
     ]
     assert [r.point.variant.name for r in rate(points, base)] == ["current"]
+
+
+def test_the_front_line_says_whether_the_current_policy_is_on_it(base: Summary) -> None:
+    from runtime.advise.report import front_line
+
+    on = [
+        _point(base, "current", harvested_gpu_h=10.0, prod_unmet_pod_minutes=0.0),
+        _point(base, "more, more harm", harvested_gpu_h=12.0, prod_unmet_pod_minutes=1.0),
+    ]
+    assert front_line(rate(on, base)).startswith("Front: the current policy is on the Pareto")
+    off = [
+        _point(base, "current", harvested_gpu_h=10.0, prod_unmet_pod_minutes=1.0),
+        _point(base, "a bit more", harvested_gpu_h=11.0, prod_unmet_pod_minutes=1.0),
+        _point(base, "most", harvested_gpu_h=14.0, prod_unmet_pod_minutes=0.5),
+        _point(base, "more, more harm", harvested_gpu_h=20.0, prod_unmet_pod_minutes=2.0),
+    ]
+    assert front_line(rate(off, base)) == (
+        "Front: the current policy is NOT on the Pareto front of its sweep: most harvests "
+        "+4.0 GPU-h with no more production harm (2 variants beat it)."
+    )

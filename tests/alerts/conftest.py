@@ -21,11 +21,12 @@ def fast_policy(
     webhook_url: str, *, tuner: dict[str, Any] | None = None, **metrics: Any
 ) -> PoolPolicy:
     """The second-scale policy of the real-server tests, receivers at ``webhook_url``;
-    ``tuner`` sets the policy's ``tuner`` section (e.g. where Alertmanager finds Secrets)."""
+    ``tuner`` sets fields of the policy's ``tuner`` section (e.g. where Alertmanager finds
+    Secrets)."""
     document = YAML(typ="safe").load(FAST_POLICY.read_text().replace("{webhook}", webhook_url))
     document["metrics"].update(metrics)
     if tuner is not None:
-        document["tuner"] = tuner
+        document["tuner"] = {**document["tuner"], **tuner}
     return parse_policy(document, str(FAST_POLICY))
 
 

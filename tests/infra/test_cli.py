@@ -187,7 +187,7 @@ def _in_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 REPOSITORY_NOTE = "policy: policy/pool.yaml (from the current directory)\n"
-PACKAGED_NOTE = f"policy: {DEFAULT_POLICY} (the packaged default; no policy/pool.yaml here)\n"
+EXAMPLE_NOTE = f"policy: {DEFAULT_POLICY} (the packaged example, --example)\n"
 
 
 def test_without_file_the_repository_policy_is_used_and_named(
@@ -206,15 +206,19 @@ def test_without_file_the_repository_policy_is_used_and_named(
     assert "+      stabilizationWindowSeconds: 600" in changed.stdout
 
 
-def test_without_file_outside_a_repository_the_packaged_policy_is_used_and_named(
+def test_without_file_outside_a_repository_only_example_reads_the_packaged_policy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Outside a policy repository nothing falls back to the packaged example (every command:
+    tests/quickstart/test_one_policy.py); ``--example`` uses it and says so."""
     monkeypatch.chdir(tmp_path)
-    valid = runner.invoke(app, ["validate"])
-    assert valid.exit_code == 0 and valid.stderr.startswith(PACKAGED_NOTE)
+    refused = runner.invoke(app, ["validate"])
+    assert refused.exit_code == 2 and "gpupool init" in refused.stderr
+    valid = runner.invoke(app, ["validate", "--example"])
+    assert valid.exit_code == 0 and valid.stderr.startswith(EXAMPLE_NOTE)
     assert valid.stdout.startswith(f"{DEFAULT_POLICY}: ok (")
-    same = runner.invoke(app, ["diff", str(DEFAULT_POLICY)])
-    assert (same.exit_code, same.stdout, same.stderr) == (0, "no differences\n", PACKAGED_NOTE)
+    same = runner.invoke(app, ["diff", str(DEFAULT_POLICY), "--example"])
+    assert (same.exit_code, same.stdout, same.stderr) == (0, "no differences\n", EXAMPLE_NOTE)
     named = runner.invoke(app, ["validate", str(DEFAULT_POLICY)])  # FILE given: no note
     assert "policy: " not in named.stderr
 

@@ -36,7 +36,7 @@ karpenter_duration = st.sampled_from(["30s", "10m", "1h", "1h30m", "Never"])
 
 @st.composite
 def policies(draw: st.DrawFn) -> Any:
-    doc: Any = {k: v for k, v in BASE.items() if k in ("alerting", "kv_cache", "elastic")}
+    doc: Any = {k: v for k, v in BASE.items() if k in ("alerting", "kv_cache", "elastic", "tuner")}
     own = dns.filter(lambda n: n != "default" and not n.startswith("kube-"))
     namespaces = draw(st.lists(own, min_size=2, max_size=2, unique=True))
     doc["cluster"] = {
@@ -45,6 +45,7 @@ def policies(draw: st.DrawFn) -> Any:
         "system_namespace": namespaces[1],
         "pool_label": draw(label_key),
         "tuner_port": draw(st.integers(1024, 65535)),
+        "runtime_image": BASE["cluster"]["runtime_image"],
     }
     names = draw(st.lists(dns, min_size=2, max_size=3, unique=True))
     all_nodes = iter(draw(st.lists(dns, min_size=0, max_size=6, unique=True)))

@@ -50,7 +50,7 @@ def test_shipped_policy_matches_model_defaults() -> None:
     assert policy.priorities == Priorities()
     assert policy.alerting.thresholds == AlertThresholds()
     assert policy.metrics == MetricSources()
-    assert policy.tuner == Tuner()
+    assert policy.tuner == Tuner(policy_repo_url=policy.tuner.policy_repo_url)  # yours: required
     assert policy.prod_pool.name == "gpu-prod"
     assert [p.name for p in policy.flex_pools] == ["gpu-flex"]
 

@@ -413,6 +413,22 @@ printf '<svg xmlns="http://www.w3.org/2000/svg"/>\\n' >"$plots/utilization.svg"
 } >"$md"
 """
 
+ADVISE_STAND_IN = """#!/bin/sh
+# stand-in for: gpupool advise --policy FILE --out DIR
+set -eu
+printf '%s\\n' "$*" >>"$ADVISE_CALLS"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --policy) policy=$2 ;; --out) out=$2 ;;
+    *) echo "stand-in: unexpected $1" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+test -f "$policy"
+mkdir -p "$out"
+printf '## gpupool advise\\n\\nFront: stand-in verdict\\n' >"$out/advise.md"
+"""
+
 
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(
@@ -445,6 +461,9 @@ def _run_script(
     stand_in = tmp_path / "whatif-stand-in"
     stand_in.write_text(STAND_IN, encoding="utf-8")
     stand_in.chmod(0o755)
+    advise = tmp_path / "advise-stand-in"
+    advise.write_text(ADVISE_STAND_IN, encoding="utf-8")
+    advise.chmod(0o755)
     calls = tmp_path / "whatif-calls.txt"
     clean = {
         k: v
@@ -456,6 +475,8 @@ def _run_script(
         **clean,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "GPUPOOL_WHATIF": str(stand_in),
+        "GPUPOOL_ADVISE": str(advise),
+        "ADVISE_CALLS": str(tmp_path / "advise-calls.txt"),
         "WHATIF_CALLS": str(calls),
         "GITHUB_API_URL": github.url,
         **env,
@@ -510,6 +531,11 @@ def test_script_posts_the_replay_and_the_diff(
     assert report.startswith("<!-- gpupool-whatif -->\n")
     assert report.split("\n", 1)[1] in body and body.count("<!-- gpupool-whatif -->") == 1
     assert "### What-if replay (stand-in)" in body and (run.out / "utilization.svg").exists()
+    # the head policy's own sweep: the verdict line, before the replay
+    advised = (tmp_path / "advise-calls.txt").read_text().split()
+    assert advised[0] == "--policy" and advised[1].endswith("/head/policy/pool.yaml")
+    assert advised[2:] == ["--out", "build/whatif/advice"]
+    assert body.index("\nFront: stand-in verdict\n") < body.index("### What-if replay")
     # the rendered diff, collapsed, after the replay
     details = body.index("<details><summary>Rendered manifest diff")
     assert body.index("### What-if replay") < details
@@ -539,6 +565,7 @@ def test_script_posts_the_real_replay_of_both_refs(
         tmp_path,
         github,
         GPUPOOL_WHATIF=f"{gpupool} whatif --hours 0.5",
+        GPUPOOL_ADVISE=f"{gpupool} advise --hours 0.5 --vary gpu-prod.reserve_ratio=0.2,0.1",
         **_posting(base, head),
     )
     assert run.returncode == 0, run.stderr
@@ -549,6 +576,11 @@ def test_script_posts_the_real_replay_of_both_refs(
     assert f"## gpupool what-if: `{base[:7]}` -> `{head[:7]}`, 0.5 h replay" in body
     assert "production pod-minutes unmet" in body and "harvested GPU-h" in body
     assert "Closed-loop checks (head):" in body
+    # the head (reserve 0.3) against its own sweep, whichever way a half-hour replay decides
+    front = (run.out / "advice" / "advise.md").read_text(encoding="utf-8")
+    (line,) = (x for x in front.splitlines() if x.startswith("Front: the current policy is "))
+    assert f"\n{line}\n" in body
+    assert (run.out / "advice" / "pareto.png").is_file()
     # the reserve is a lever that changes the cluster: the rendered budget rule differs
     assert "* 0.3) or vector(0))" in (run.out / "policy.diff").read_text(encoding="utf-8")
     assert {"head-gpus.png", "base-gpus.png"} <= {p.name for p in run.out.iterdir()}

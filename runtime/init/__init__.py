@@ -1,0 +1,1 @@
+"""``gpupool init``: the model and GPU catalogue, and the short policy it writes."""
