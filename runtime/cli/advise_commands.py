@@ -15,6 +15,7 @@ from policy import load_policy
 from runtime.advise import folder, front, levers, recommended, report
 from runtime.advise.sweep import SweepError, run_sweep
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.policy_commands import ExampleOption
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.cli.whatif_commands import DOMAIN_ERRORS, ProdTraceOption, print_table
 from runtime.sim.options import Options
@@ -32,8 +33,9 @@ def advise(
     ],
     policy_file: Annotated[
         Path | None,
-        typer.Option("--policy", help="Policy file (default ./policy/pool.yaml, else embedded)."),
+        typer.Option("--policy", help="Policy file (default ./policy/pool.yaml)."),
     ] = None,
+    example: ExampleOption = False,
     prod_trace: ProdTraceOption = None,
     flex_trace: Annotated[
         list[str] | None,
@@ -75,7 +77,7 @@ def advise(
     with reported_errors():
         if target not in ("labels", "karpenter"):
             raise UsageProblem(f"--target must be labels or karpenter, not {target!r}")
-        file = resolve_policy_file(policy_file)
+        file = resolve_policy_file(policy_file, example=example)
         policy = load_policy(file)
         try:
             folder.check_folder(out)

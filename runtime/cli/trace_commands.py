@@ -13,6 +13,7 @@ from policy import load_policy
 from policy.base import duration_seconds
 from runtime.atomic_file import write_atomic
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.policy_commands import ExampleOption
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.sim.traces import TraceError, demand_csv
 from runtime.tuner.prometheus import TraceQueryError, connect, production_samples
@@ -35,8 +36,12 @@ def production_trace(
     ],
     policy_file: Annotated[
         Path | None,
-        typer.Option("--policy", help="Policy file (its priority class and dcgm labels)."),
+        typer.Option(
+            "--policy",
+            help="Policy file (default ./policy/pool.yaml): its priority class and dcgm labels.",
+        ),
     ] = None,
+    example: ExampleOption = False,
     window: Annotated[
         str, typer.Option(help="How far back from --end, a duration (7d, 24h).")
     ] = "7d",
@@ -59,7 +64,7 @@ def production_trace(
                 f"--window {window} at --step {step} is {span / every:,.0f} samples, over "
                 f"{MAX_SAMPLES:,}; take a longer --step"
             )
-        policy = load_policy(resolve_policy_file(policy_file))
+        policy = load_policy(resolve_policy_file(policy_file, example=example))
         stop = time.time() if end is None else end
         client = connect(prometheus)
         samples = []
