@@ -20,16 +20,11 @@ series: they need the histogram's buckets and windows of their own, not a catalo
 from __future__ import annotations
 
 from alerts.rules import Group, alert, group
-from policy.base import duration_seconds
+from policy.base import duration_seconds, format_duration
 from policy.pool import PoolPolicy
 from runtime.metrics.catalogue import Catalogue, num
 
 PREFIX = "gpupool_kv_tier_"
-
-
-def _seconds(value: float) -> str:
-    """A Prometheus duration of ``value`` seconds (whole seconds)."""
-    return f"{round(value)}s"
 
 
 def _quantile_name(q: float) -> str:
@@ -41,7 +36,7 @@ def thrashing_window(policy: PoolPolicy) -> str:
     so a slow GC does not blank the quantile between them and reset the ``for:``."""
     window = policy.metrics.rate_window
     three = 3 * duration_seconds(policy.kv_cache.snapshot_gc_interval)
-    return window if duration_seconds(window) >= three else _seconds(three)
+    return window if duration_seconds(window) >= three else format_duration(three)
 
 
 def groups(policy: PoolPolicy, catalogue: Catalogue) -> list[Group]:

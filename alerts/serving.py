@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 from alerts.rules import Group, Rule, alert, group
 from infra.builders.scraping import POOL_TARGET_LABEL
-from policy.base import duration_seconds
+from policy.base import duration_seconds, format_duration
 from policy.pool import PoolPolicy
 from runtime.metrics.catalogue import Catalogue, num
 
@@ -118,7 +118,7 @@ def groups(policy: PoolPolicy, catalogue: Catalogue) -> list[Group]:
     step = m.evaluation_interval
     # two scrape intervals (gpupool's PodMonitors scrape at evaluation_interval): the shortest
     # window increase() can read, so aborts from before the deletion barely count
-    short = f"{2 * round(duration_seconds(step))}s"
+    short = format_duration(2 * duration_seconds(step))
     aborts = (
         f"sum by (namespace, pod) (increase(vllm:request_success_total{{{ns}, {ABORTED}}}"
         f"[{short}])) and on (namespace, pod) "

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import Field, HttpUrl, model_validator
+from pydantic import AfterValidator, Field, HttpUrl, model_validator
 
-from policy.base import DnsLabel, Duration, Fraction, Invariants, StrictModel, duration_seconds
+from policy.base import (
+    DnsLabel,
+    Duration,
+    Fraction,
+    HttpUrlText,
+    Invariants,
+    StrictModel,
+    duration_seconds,
+)
 
 Severity = Literal["critical", "warning", "info"]
 
@@ -119,7 +128,7 @@ class KvSnapshotGcStalled(AlertRule):
     sidecar stopped answering: nothing bounds the tier, so the volume fills and vLLM's
     writes fail."""
 
-    missed_passes: int = Field(5, ge=2)
+    missed_passes: int = Field(5, ge=2, le=1000)
     """Fires once the last completed pass is older than this many
     ``kv_cache.snapshot_gc_interval`` (default 5 x 1m). A pass is stamped with its start and
     the next one starts an interval after it ends, so a healthy pass that takes ``d`` seconds
@@ -249,6 +258,20 @@ class AlertThresholds(StrictModel):
     """ServingRequestsToTerminatingPod: routing sent requests to a draining flex pod."""
 
 
+def _check_group_by(value: str) -> str:
+    """An Alertmanager ``group_by`` entry: a label name (``model.LabelName``) or ``...``."""
+    if value != "..." and re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", value, re.ASCII) is None:
+        raise ValueError(
+            "expected a label name (ASCII letters, digits and '_', not starting with a digit) "
+            f"or '...', e.g. alertname, found {value!r}"
+        )
+    return value
+
+
+GroupByLabel = Annotated[str, AfterValidator(_check_group_by)]
+"""One ``group_by`` label of an Alertmanager route."""
+
+
 class Receiver(StrictModel):
     """An Alertmanager webhook receiver."""
 
@@ -269,8 +292,9 @@ class Routing(StrictModel):
     """Receiver for anything no other route matches."""
     tuner_receiver: DnsLabel | None = None
     """Receiver of the tuner's webhook; it also gets the alerts that trigger a tuning cycle."""
-    group_by: list[str] = Field(default_factory=lambda: ["alertname", "namespace"])
-    """Labels that group alerts into one notification."""
+    group_by: list[GroupByLabel] = Field(default_factory=lambda: ["alertname", "namespace"])
+    """Labels that group alerts into one notification (Prometheus label names, or ``...``
+    alone: group by every label)."""
     group_wait: Duration = "30s"
     """Alertmanager ``group_wait``: delay before the first notification of a group."""
     group_interval: Duration = "5m"
@@ -284,6 +308,17 @@ class Routing(StrictModel):
         known = {r.name for r in self.receivers}
         found.require(
             len(known) == len(self.receivers), "receivers", "receiver names must be unique"
+        )
+        found.require(
+            "..." not in self.group_by or self.group_by == ["..."],
+            "group_by",
+            f"'...' (group by every label) stands alone in Alertmanager, found {self.group_by}; "
+            "expected ['...'] or label names, e.g. [alertname, namespace]",
+        )
+        found.require(
+            len(set(self.group_by)) == len(self.group_by),
+            "group_by",
+            f"group_by lists a label twice: {self.group_by} (Alertmanager refuses it)",
         )
         for severity, name in self.by_severity.items():
             found.require(
@@ -309,5 +344,5 @@ class Alerting(StrictModel):
     """Per-alert thresholds, ``for:`` durations and severities."""
     routing: Routing
     """Alertmanager routes and receivers (cluster-specific: set them in pool.yaml)."""
-    runbook_base_url: str = "https://github.com/gpupool/gpupool/blob/main/docs/runbooks.md"
+    runbook_base_url: HttpUrlText = "https://github.com/gpupool/gpupool/blob/main/docs/runbooks.md"
     """Base of every alert's ``runbook_url``; the alert's anchor is appended."""

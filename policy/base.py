@@ -3,28 +3,46 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 _DURATION = re.compile(
-    r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
+    r"(?:([0-9]+)y)?(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?"
+    r"(?:([0-9]+)ms)?",
+    re.ASCII,
 )
+"""Prometheus' duration grammar (``model.ParseDuration``): ASCII digits, each unit at most
+once, largest first. Every pattern here is matched whole (``fullmatch``) and ASCII-only: a
+``$`` anchor also matches before a trailing newline, and ``\\d`` or ``\\w`` match digits
+and letters of every script, which Prometheus, Kubernetes and the registries refuse."""
 _DURATION_UNITS_S = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
-_PROMETHEUS_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+DURATION_MAX_S = 365 * 86400
+"""Longest duration gpupool accepts (``1y``): every window, ``for:`` and interval is minutes
+to days; more is a typo (and past about 292 years Prometheus' int64 milliseconds overflow)."""
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+_DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+_DNS_SUBDOMAIN = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII
+)
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?", re.ASCII)
+_PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*", re.ASCII)
+
+INT32_MAX = 2**31 - 1
+"""Largest value of an ``int32`` field: most integers of the Kubernetes API (replicas,
+``periodSeconds``, HPA policy values, ports) and of the programs gpupool configures."""
 
 LABEL_KEY = re.compile(
-    r"^(?:(?P<prefix>[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/)?"
-    r"(?P<name>[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$"
+    r"(?:(?P<prefix>[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/)?"
+    r"(?P<name>[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)",
+    re.ASCII,
 )
 """A Kubernetes label (or taint) key: optional DNS-subdomain prefix and ``/``, then a name."""
 
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-"""A Kubernetes label value (may be empty); at most ``DNS_LABEL_MAX`` characters."""
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?", re.ASCII)
+"""A Kubernetes label value (may be empty); at most ``DNS_LABEL_MAX`` characters.
+``LABEL_KEY`` and it are matched whole (``fullmatch``)."""
 
 DNS_LABEL_MAX = 63
 """Longest RFC 1123 / RFC 1035 label: Namespace and Service names, label values, the name
@@ -38,6 +56,9 @@ RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "karpenter.sh")
 """Label domains (and their subdomains) gpupool's own node label may not use: Kubernetes
 reserves ``kubernetes.io`` and ``k8s.io`` (the kubelet's NodeRestriction admission refuses
 them except for a fixed list) and Karpenter refuses all three in a NodePool's labels."""
+
+MAX_NODES = 5000
+"""Most nodes one pool may have: the node count of the largest cluster Kubernetes supports."""
 
 MAX_REPLICAS = 5000
 """Largest replica bound gpupool accepts (5,000 is the node count of the largest cluster
@@ -53,51 +74,66 @@ class StrictModel(BaseModel):
         use_attribute_docstrings=True,
         populate_by_name=True,
         validate_default=True,
+        # .inf and .nan are YAML floats; no threshold, share or size of gpupool means either,
+        # and PromQL, vLLM and Kubernetes would each read them differently.
+        allow_inf_nan=False,
     )
 
 
 def duration_seconds(value: str) -> float:
     """Seconds in a Prometheus duration such as ``5m`` or ``1h30m``."""
-    match = _DURATION.match(value)
+    match = _DURATION.fullmatch(value)
     if match is None or not value:
         raise ValueError(
-            f"expected a Prometheus duration such as 30s, 5m or 1h30m, found {value!r}"
+            "expected a Prometheus duration such as 30s, 5m or 1h30m (ASCII digits, units y w "
+            f"d h m s ms, each once, largest first), found {value!r}"
         )
     return sum(
         int(n) * unit for n, unit in zip(match.groups(), _DURATION_UNITS_S, strict=True) if n
     )
 
 
+def format_duration(seconds: float) -> str:
+    """A Prometheus duration of ``seconds``: whole seconds (``90s``), else milliseconds
+    (``1500ms``), never below ``1ms`` (a ``[0s]`` range does not parse)."""
+    ms = max(round(seconds * 1000), 1)
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
 def _check_duration(value: str) -> str:
-    if duration_seconds(value) <= 0:
-        raise ValueError(f"expected a positive duration, found {value!r}")
+    seconds = duration_seconds(value)
+    if seconds <= 0:
+        raise ValueError(f"expected a positive duration such as 5m, found {value!r}")
+    if seconds > DURATION_MAX_S:
+        raise ValueError(f"expected a duration of at most 1y such as 5m, found {value!r}")
     return value
 
 
 def check_dns_label(value: str) -> str:
     """``value`` if it is an RFC 1123 label (a Namespace or most object names), else ValueError."""
-    if len(value) > DNS_LABEL_MAX or not _DNS_LABEL.match(value):
+    if len(value) > DNS_LABEL_MAX or not _DNS_LABEL.fullmatch(value):
         raise ValueError(
             f"expected a Kubernetes name (lower-case letters, digits and '-', at most "
-            f"{DNS_LABEL_MAX} characters, starting and ending alphanumeric), found {value!r}"
+            f"{DNS_LABEL_MAX} characters, starting and ending alphanumeric, e.g. gpu-flex), "
+            f"found {value!r}"
         )
     return value
 
 
 def check_service_name(value: str) -> str:
     """``value`` if it is an RFC 1035 label (what the API server requires of a Service name)."""
-    if len(value) > DNS_LABEL_MAX or not _DNS_1035_LABEL.match(value):
+    if len(value) > DNS_LABEL_MAX or not _DNS_1035_LABEL.fullmatch(value):
         raise ValueError(
             f"expected a Service name (DNS-1035 label: lower-case letters, digits and '-', at "
             f"most {DNS_LABEL_MAX} characters, starting with a letter and ending "
-            f"alphanumeric), found {value!r}"
+            f"alphanumeric, e.g. llama-8b-flex), found {value!r}"
         )
     return value
 
 
 def check_dns_subdomain(value: str) -> str:
     """``value`` if it is an RFC 1123 subdomain (Node, Secret, PVC, PriorityClass names)."""
-    if len(value) > DNS_SUBDOMAIN_MAX or not _DNS_SUBDOMAIN.match(value):
+    if len(value) > DNS_SUBDOMAIN_MAX or not _DNS_SUBDOMAIN.fullmatch(value):
         raise ValueError(
             f"expected a DNS-1123 subdomain (lower-case alphanumeric labels of letters, digits "
             f"and '-', joined by '.', at most {DNS_SUBDOMAIN_MAX} characters, e.g. "
@@ -108,7 +144,7 @@ def check_dns_subdomain(value: str) -> str:
 
 def is_label_key(value: str) -> bool:
     """Whether ``value`` is a Kubernetes label key (prefix <= 253, name <= 63 characters)."""
-    match = LABEL_KEY.match(value)
+    match = LABEL_KEY.fullmatch(value)
     return (
         match is not None
         and len(match["name"]) <= DNS_LABEL_MAX
@@ -118,7 +154,7 @@ def is_label_key(value: str) -> bool:
 
 def is_label_value(value: str) -> bool:
     """Whether ``value`` is a Kubernetes label value (<= 63 characters)."""
-    return len(value) <= DNS_LABEL_MAX and LABEL_VALUE.match(value) is not None
+    return len(value) <= DNS_LABEL_MAX and LABEL_VALUE.fullmatch(value) is not None
 
 
 def _check_label_key(value: str) -> str:
@@ -126,7 +162,7 @@ def _check_label_key(value: str) -> str:
         raise ValueError(
             "expected a label key [PREFIX/]NAME (PREFIX a DNS subdomain of at most "
             f"{DNS_SUBDOMAIN_MAX} characters, NAME at most {DNS_LABEL_MAX} letters, digits, "
-            f"'-', '_' or '.', alphanumeric at both ends), found {value!r}"
+            f"'-', '_' or '.', alphanumeric at both ends, e.g. gpupool.io/pool), found {value!r}"
         )
     return value
 
@@ -135,7 +171,7 @@ def _check_label_value(value: str) -> str:
     if not is_label_value(value):
         raise ValueError(
             f"expected a label value (at most {DNS_LABEL_MAX} letters, digits, '-', '_' or '.', "
-            f"alphanumeric at both ends, or empty), found {value!r}"
+            f"alphanumeric at both ends, or empty, e.g. gpu-prod), found {value!r}"
         )
     return value
 
@@ -174,17 +210,36 @@ def _check_node_label_key(value: str) -> str:
 
 
 def _check_prometheus_label(value: str) -> str:
-    if not _PROMETHEUS_LABEL.match(value) or value.startswith("__"):
+    if not _PROMETHEUS_LABEL.fullmatch(value) or value.startswith("__"):
         raise ValueError(
-            "expected a Prometheus label name (letters, digits and '_', not starting with a "
-            f"digit; '__' is reserved for Prometheus' internal labels), found {value!r}"
+            "expected a Prometheus label name (ASCII letters, digits and '_', not starting with "
+            f"a digit; '__' is reserved for Prometheus' internal labels; e.g. namespace), found "
+            f"{value!r}"
         )
     return value
 
 
+_QUANTITY_SUFFIXES = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTP")},
+    **{f"{s}i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTP")},
+}
+
+QUANTITY_MAX = 2**63 - 1
+"""Largest quantity Kubernetes stores (``resource.Quantity`` caps larger ones silently)."""
+
+
 def _check_quantity(value: str) -> str:
-    if not _QUANTITY.match(value):
+    match = _QUANTITY.fullmatch(value)
+    if match is None:
         raise ValueError(f"expected a Kubernetes quantity such as 500m, 16Gi or 2, found {value!r}")
+    number = value[: len(value) - len(match[2] or "")]
+    if Decimal(number) * _QUANTITY_SUFFIXES[match[2] or ""] > QUANTITY_MAX:
+        raise ValueError(
+            f"expected a Kubernetes quantity of at most 2^63-1 (about 8 EiB) such as 16Gi, found "
+            f"{value!r}"
+        )
     return value
 
 
@@ -243,13 +298,15 @@ Quantity = Annotated[str, AfterValidator(_check_quantity)]
 """A Kubernetes resource quantity (``16Gi``, ``500m``)."""
 
 
+_PERCENT = re.compile(r"([0-9]+(?:\.[0-9]+)?)%", re.ASCII)
+
+
 def _check_quantity_or_percent(value: str) -> str:
     if not value.endswith("%"):
         return _check_quantity(value)
-    try:
-        share = float(value[:-1])
-    except ValueError:
-        share = -1.0
+    # not float() alone: it also reads "1_0", " 50" and the digits of every script
+    match = _PERCENT.fullmatch(value)
+    share = float(match[1]) if match else -1.0
     if not 0 < share <= 100:
         raise ValueError(
             f"expected a percentage in (0, 100] such as 90%, or a Kubernetes quantity such as "
@@ -260,6 +317,68 @@ def _check_quantity_or_percent(value: str) -> str:
 
 QuantityOrPercent = Annotated[str, AfterValidator(_check_quantity_or_percent)]
 """A Kubernetes quantity (``80Gi``) or a percentage of another quantity (``90%``)."""
+
+_PATH_SEGMENT = re.compile(r"[A-Za-z0-9._-]+", re.ASCII)
+"""One segment of a path gpupool renders into a container (a mount path, a token directory):
+portable file-name characters only, so no value is ever read as two words, an option or YAML."""
+
+
+def _path_segments_problem(segments: list[str]) -> str | None:
+    for segment in segments:
+        if not _PATH_SEGMENT.fullmatch(segment):
+            return "segments of ASCII letters, digits, '.', '_' or '-'"
+        if segment in (".", ".."):
+            return "no '.' or '..' segment"
+    return None
+
+
+def check_absolute_path(value: str) -> str:
+    """``value`` if it is an absolute, normalised path of portable segments (``/kv``)."""
+    segments = value[1:].split("/")
+    problem = "a path starting with '/'" if not value.startswith("/") else None
+    problem = problem or _path_segments_problem(segments)
+    if problem is not None:
+        raise ValueError(
+            f"expected an absolute path ({problem}; no trailing '/'), e.g. "
+            f"/var/lib/gpupool/kv-snapshots, found {value!r}"
+        )
+    return value
+
+
+AbsolutePath = Annotated[str, AfterValidator(check_absolute_path)]
+"""An absolute container path of portable segments, without ``.``/``..`` or a trailing ``/``."""
+
+_HOST = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+"""A host name or IPv4 address (no user part, no IPv6 literal)."""
+
+URL_PATH_CHARS = r"[A-Za-z0-9._~%+/-]"
+"""Characters gpupool accepts in a URL path: RFC 3986's unreserved ones, ``%``, ``+`` and
+``/`` (no quotes, spaces, ``$``, ``;`` or ``#``: the URLs reach argv, YAML and PromQL labels)."""
+
+_HTTP_URL = re.compile(
+    rf"https?://(?P<host>{_HOST})(?::(?P<port>[0-9]{{1,5}}))?(?:/{URL_PATH_CHARS}*)?", re.ASCII
+)
+
+
+def port_problem(port: str | None) -> bool:
+    """Whether a URL's port (None: none given) is outside 1-65535."""
+    return port is not None and not 1 <= int(port) <= 65535
+
+
+def check_http_url(value: str) -> str:
+    """``value`` if it is an ``http(s)://host[:port][/path]`` URL of ASCII characters."""
+    match = _HTTP_URL.fullmatch(value)
+    if match is None or port_problem(match["port"]):
+        raise ValueError(
+            "expected an http(s) URL http(s)://HOST[:PORT][/PATH] (ASCII host, port 1-65535, "
+            "path of letters, digits and . _ ~ % + / -), e.g. "
+            f"http://prometheus-operated.monitoring.svc:9090, found {value!r}"
+        )
+    return value
+
+
+HttpUrlText = Annotated[str, AfterValidator(check_http_url)]
+"""An ``http(s)://`` URL kept as written (pydantic's ``HttpUrl`` would normalise it)."""
 
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 """A share in [0, 1]; gpupool writes utilization and ratios as fractions, never percent."""

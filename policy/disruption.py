@@ -14,20 +14,23 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from policy.base import Invariants, StrictModel
+from policy.base import MAX_REPLICAS, Invariants, StrictModel
 
 MIN_GRACE_S = 30
 """The brief's floor for flex pods' ``terminationGracePeriodSeconds``."""
+
+MAX_GRACE_S = 3600
+"""The most any part of a flex pod's exit may take: production waits that long for GPUs."""
 
 
 class Disruption(StrictModel):
     """Eviction behaviour of every flex workload."""
 
-    termination_grace_s: int = Field(45, ge=MIN_GRACE_S, le=3600)
+    termination_grace_s: int = Field(45, ge=MIN_GRACE_S, le=MAX_GRACE_S)
     """Pod ``terminationGracePeriodSeconds``: at least 30 s, and drain + snapshot must fit."""
-    drain_s: int = Field(25, ge=1)
+    drain_s: int = Field(25, ge=1, le=MAX_GRACE_S)
     """Seconds vLLM drains in-flight requests on SIGTERM (``--shutdown-timeout``)."""
-    prestop_delay_s: int = Field(5, ge=0)
+    prestop_delay_s: int = Field(5, ge=0, le=MAX_GRACE_S)
     """preStop sleep after the hook has failed readiness, so every router drops the pod
     before vLLM gets SIGTERM (after which vLLM answers new requests with empty 200s). Must
     exceed ``readiness_period_s`` x ``readiness_failure_threshold``."""
@@ -40,9 +43,9 @@ class Disruption(StrictModel):
     """Consecutive failed readiness probes before the pod is unready: tolerates that many
     seconds (x ``readiness_period_s``) of a busy vLLM event loop without flapping, and
     bounds how long the drain marker takes to turn the pod unready."""
-    snapshot_s: int = Field(10, ge=0)
+    snapshot_s: int = Field(10, ge=0, le=MAX_GRACE_S)
     """Budget to write the KV-cache snapshot to the volume before the kill."""
-    pdb_min_available: int = Field(0, ge=0)
+    pdb_min_available: int = Field(0, ge=0, le=MAX_REPLICAS)
     """PodDisruptionBudget ``minAvailable`` for each flex workload; below every workload's
     ``min_replicas``, or a drain at the floor would never finish. 0 (the default: flex is
     best-effort and one replica is the usual floor) never blocks a drain; with

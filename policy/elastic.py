@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from policy.base import Fraction, Invariants, StrictModel
+from policy.base import MAX_REPLICAS, Fraction, Invariants, StrictModel
 
 
 class ElasticThresholds(StrictModel):
@@ -48,9 +48,10 @@ class Autoscaling(StrictModel):
     """HPA ``behavior.scaleUp.stabilizationWindowSeconds`` (brief: 3 min)."""
     scale_down_stabilization_s: int = Field(300, ge=0, le=3600)
     """HPA ``behavior.scaleDown.stabilizationWindowSeconds`` (brief: 5 min)."""
-    scale_up_pods_per_minute: int = Field(2, ge=1)
-    """Most replicas one workload may add per minute."""
-    scale_down_pods_per_minute: int = Field(1, ge=1)
+    scale_up_pods_per_minute: int = Field(2, ge=1, le=MAX_REPLICAS)
+    """Most replicas one workload may add per minute (the HPA policy's int32 ``value``; at
+    most 5,000, the most replicas a workload may have)."""
+    scale_down_pods_per_minute: int = Field(1, ge=1, le=MAX_REPLICAS)
     """Most replicas one workload may remove per minute (evictions handle emergencies)."""
 
     @model_validator(mode="after")

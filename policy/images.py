@@ -15,24 +15,35 @@ _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _NAME = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
 _REFERENCE = re.compile(
-    rf"^(?P<name>{_NAME})(?::(?P<tag>[\w][\w.-]{{0,127}}))?(?:@(?P<digest>[^@]+))?$"
+    rf"(?P<name>{_NAME})(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}))?(?:@(?P<digest>.+))?",
+    re.ASCII | re.DOTALL,
 )
 """The grammar of ``distribution/reference`` (what the kubelet hands the runtime):
-``[host[:port]/]path[:tag][@digest]``; the digest is checked on its own below."""
+``[host[:port]/]path[:tag][@digest]``, matched whole and ASCII-only (a tag's ``\\w`` is
+``[A-Za-z0-9_]`` there, not every script's letters); the digest is checked on its own below."""
 
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+NAME_TOTAL_MAX = 255
+"""Longest repository name (host and path) ``distribution/reference`` accepts."""
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
 """The only digest gpupool accepts: ``sha256:`` and 64 lower-case hex digits (OCI)."""
 
 
 def _check_image(value: str) -> str:
-    match = _REFERENCE.match(value)
+    match = _REFERENCE.fullmatch(value)
     if match is None:
         raise ValueError(
-            "expected an image reference [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST] "
-            f"(lower-case repository, no spaces), found {value!r}"
+            "expected an image reference [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST] (ASCII: "
+            "lower-case repository, tag of letters, digits, '_', '.', '-'), e.g. "
+            f"vllm/vllm-openai:v0.32.0, found {value!r}"
+        )
+    if len(match["name"]) > NAME_TOTAL_MAX:
+        raise ValueError(
+            f"expected a repository name of at most {NAME_TOTAL_MAX} characters, found "
+            f"{len(match['name'])} in {value!r}"
         )
     digest = match["digest"]
-    if digest is not None and not _DIGEST.match(digest):
+    if digest is not None and not _DIGEST.fullmatch(digest):
         raise ValueError(
             f"expected the digest after '@' to be sha256: and 64 lower-case hex digits, "
             f"found {digest!r} in {value!r}"

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from policy.base import Duration, Fraction, Invariants, StrictModel
+from policy.base import INT32_MAX, Duration, Fraction, Invariants, StrictModel
 
 PrefixHashAlgo = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 """vLLM 0.32's ``--prefix-caching-hash-algo`` values (vllm/config/cache.py)."""
@@ -64,7 +64,7 @@ class KvCache(StrictModel):
     """Compact (then shrink) when KV block usage stays below this share."""
     compaction_min_interval: Duration = "5m"
     """Shortest time between two compactions of one instance (Prometheus duration)."""
-    compaction_max_moves: int = Field(4096, ge=1)
+    compaction_max_moves: int = Field(4096, ge=1, le=INT32_MAX)
     """Most KV blocks one compaction pass moves while the engine pauses; a larger backlog is
     packed over several passes, highest blocks first (bounds the pause on a big pool)."""
     shrink_target_usage: Fraction = 0.60

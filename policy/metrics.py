@@ -7,8 +7,10 @@ how the flex vLLM pods are scraped); the metrics catalogue reads them instead of
 from __future__ import annotations
 
 import re
+import warnings
+from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from policy.base import (
     DnsSubdomain,
@@ -21,8 +23,39 @@ from policy.base import (
     duration_seconds,
 )
 
-_REASON = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_REASON = re.compile(r"[A-Za-z][A-Za-z0-9_]*", re.ASCII)
 """A pod status or disruption reason: an identifier, so it is safe inside a PromQL regex."""
+
+
+_JOB_REGEX = re.compile(r"[-A-Za-z0-9_.*+?|()\[\]^$:/]{1,256}", re.ASCII)
+"""What a ``job`` regex may hold: ASCII job-name characters and the RE2 operators both
+Prometheus (RE2) and Python read alike; no ``"`` or ``\\`` (it sits in a PromQL string),
+no ``{`` (counted repetition), no ``(?`` (flags, names, lookaround: Python-only or
+RE2-only), no possessive ``*+`` (Python-only)."""
+
+
+def _check_job_regex(value: str) -> str:
+    problem = None
+    if _JOB_REGEX.fullmatch(value) is None:
+        problem = "ASCII letters, digits and - _ . * + ? | ( ) [ ] ^ $ : / (at most 256)"
+    elif "(?" in value or re.search(r"[*+?]\+", value):
+        problem = "no (? groups or possessive *+ ++ ?+ (Prometheus' RE2 has neither)"
+    else:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # FutureWarning: an ambiguous set like [[a]
+                re.compile(value)
+        except (re.error, FutureWarning) as exc:
+            problem = f"a valid regular expression ({exc})"
+    if problem is not None:
+        raise ValueError(
+            f"expected a job regex of {problem}, e.g. .*dcgm-exporter.*, found {value!r}"
+        )
+    return value
+
+
+JobRegex = Annotated[str, AfterValidator(_check_job_regex)]
+"""A Prometheus ``job`` label regex (``up{job=~"<it>"}``) valid for RE2 and Python alike."""
 
 
 class MetricSources(StrictModel):
@@ -40,7 +73,7 @@ class MetricSources(StrictModel):
     """kube-state-metrics' ``resource`` label of the GPU extended resource (``nvidia.com/gpu``
     is exported as ``nvidia_com_gpu``; AMD: ``amd_com_gpu``). Headroom is allocatable minus
     requested of this resource."""
-    dcgm_job: str = Field(".*dcgm-exporter.*", min_length=1, pattern=r'^[^"\\]+$')
+    dcgm_job: JobRegex = ".*dcgm-exporter.*"
     """Prometheus ``job`` label of the dcgm-exporter scrape targets, a regex matched whole
     (``up{job=~"<dcgm_job>"}``): GPUExporterDown watches each target's ``up``. The job is
     named after the scraped Service: ``nvidia-dcgm-exporter`` under the GPU operator,
@@ -105,7 +138,7 @@ class MetricSources(StrictModel):
             reasons: list[str] = getattr(self, field)
             for i, reason in enumerate(reasons):
                 found.require(
-                    _REASON.match(reason) is not None,
+                    _REASON.fullmatch(reason) is not None,
                     f"{field}.{i}",
                     f"{reason!r} is not a Kubernetes reason (letters, digits and '_', "
                     "starting with a letter, e.g. PreemptionByScheduler)",

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from policy.base import (
+    MAX_NODES,
     MAX_REPLICAS,
     DnsLabel,
     DnsSubdomain,
@@ -37,6 +38,10 @@ Cloud = Literal["aws", "azure", "gcp", "none"]
 
 _KARPENTER_DURATION = r"^([0-9]+(s|m|h))+$"
 """Karpenter's duration pattern (``30s``, ``10m``, ``720h``, ``1h30m``)."""
+
+KARPENTER_DURATION_MAX_S = 8784 * 3600
+"""Longest Karpenter duration gpupool accepts (8784h, a leap year): a node's lifetime and
+drain are hours to weeks; Go's ``time.Duration`` overflows past about 2,562,047h."""
 
 
 @dataclass(frozen=True)
@@ -286,12 +291,12 @@ class KarpenterSettings(StrictModel):
     requirements: tuple[NodeRequirement, ...] = ()
     """More NodePool requirements (zones, architecture, instance families), ANDed with the
     derived ones; with ``cloud: none`` they select the GPU instances."""
-    node_class: str = "default"
+    node_class: DnsSubdomain = "default"
     """Name of the cloud NodeClass (for example an ``EC2NodeClass``) the NodePool references."""
-    node_class_kind: str | None = Field(None, min_length=1)
+    node_class_kind: str | None = Field(None, pattern=r"^[A-Z][A-Za-z0-9]{0,62}$")
     """Kind of the NodeClass; default: the cloud's (``EC2NodeClass`` on aws, ``AKSNodeClass``
     on azure); required with ``cloud: none``."""
-    node_class_group: str | None = Field(None, pattern=r"^[^/]+$")
+    node_class_group: DnsSubdomain | None = None
     """API group of the NodeClass; default: the cloud's (``karpenter.k8s.aws``,
     ``karpenter.azure.com``); required with ``cloud: none``."""
     instance_types: tuple[LabelValue, ...] = ()
@@ -377,6 +382,14 @@ class KarpenterSettings(StrictModel):
                 f"requirements.{i}.key",
                 f"{req.key} is a label of the {other} provider but cloud is {self.cloud}",
             )
+        for field in ("consolidate_after", "expire_after", "termination_grace_period"):
+            value = getattr(self, field)
+            found.require(
+                value in (None, "Never") or karpenter_seconds(value) <= KARPENTER_DURATION_MAX_S,
+                field,
+                f"expected a duration of at most {KARPENTER_DURATION_MAX_S // 3600}h (about a "
+                f"year; Karpenter parses it as a Go time.Duration) such as 720h, found {value!r}",
+            )
         found.require(
             self.expire_after == "Never" or karpenter_seconds(self.expire_after) > 0,
             "expire_after",
@@ -460,14 +473,15 @@ class NodePool(StrictModel):
     """Pool name, used as the value of the pool label and taint (``gpu-prod``, ``gpu-flex``)."""
     role: Literal["prod", "flex"]
     """``prod``: production inference and key training. ``flex``: idle-time inference."""
-    gpu_model: str = Field(min_length=1)
+    gpu_model: LabelValue = Field(min_length=1)
     """GPU product as dcgm/GPU feature discovery reports it (``nvidia.com/gpu.product``)."""
     gpus_per_node: int = Field(8, ge=1, le=64)
     """GPUs on each node of the pool."""
     gpu_memory_gib: float = Field(gt=0, le=1024)
     """Memory of one GPU in GiB as the driver reports it (H200: 140, H100: 79.6); sizes the KV."""
-    max_nodes: int = Field(ge=1)
-    """Upper bound on nodes; sets the Karpenter limit and the pool's GPU capacity."""
+    max_nodes: int = Field(ge=1, le=MAX_NODES)
+    """Upper bound on nodes; sets the Karpenter limit and the pool's GPU capacity (at most
+    5,000, the largest cluster Kubernetes supports)."""
     reserve_ratio: Fraction = 0.0
     """Share of the pool's GPUs kept free for production's bursts, a fraction (0.2 keeps 20 %
     of them free); flex never counts on them. The simple form of ``reserve``."""

@@ -8,12 +8,14 @@ from policy.alerting import Alerting
 from policy.base import (
     MAX_REPLICAS,
     DnsLabel,
+    HttpUrlText,
     Invariants,
     NamespaceName,
     NodeLabelKey,
     StrictModel,
 )
 from policy.disruption import Disruption
+from policy.effects import effect_warnings
 from policy.elastic import Autoscaling, ElasticThresholds
 from policy.images import ImageReference
 from policy.kvcache import KvCache
@@ -47,9 +49,7 @@ class Cluster(StrictModel):
     image_pull_secrets: list[DnsLabel] = Field(default_factory=list)
     """``imagePullSecrets`` of every pod gpupool renders (private registries); each Secret
     must exist in both gpupool namespaces."""
-    prometheus_url: str = Field(
-        "http://prometheus-operated.monitoring.svc:9090", pattern=r"^https?://\S+$"
-    )
+    prometheus_url: HttpUrlText = "http://prometheus-operated.monitoring.svc:9090"
     """Prometheus the tuner queries (in-cluster URL; prometheus-operator's default Service)."""
     tuner_port: int = Field(9095, ge=1024, le=65535)
     """Port of the tuner's HTTP listener (Alertmanager webhook, metrics) and of its Service."""
@@ -291,8 +291,10 @@ class PoolPolicy(StrictModel):
 
         A flex workload whose explicit ``max_replicas`` cannot all be scheduled on the pools it
         may use: the HPA may ask for replicas that stay Pending. Replicas fit per node, so
-        3-GPU replicas on 8-GPU nodes count 2 per node."""
-        out = []
+        3-GPU replicas on 8-GPU nodes count 2 per node. Then the settings that keep flex from
+        growing, shed it at once, reserve nearly every GPU or keep production pending for
+        minutes (``policy.effects``)."""
+        out = effect_warnings(self)
         for i, w in enumerate(self.workloads):
             if w.max_replicas == "auto":
                 continue

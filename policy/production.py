@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from policy.base import (
+    MAX_REPLICAS,
     DnsLabel,
     Invariants,
     ReplicaBound,
@@ -51,7 +52,7 @@ class ProductionWorkload(StrictModel):
     targets them with a ``labelSelector``). Give ``name`` or ``selector``, not both."""
     gpus_per_replica: int = Field(ge=1, le=64)
     """``nvidia.com/gpu`` each pod requests; at most the prod pool's ``gpus_per_node``."""
-    min_replicas: int = Field(1, ge=1)
+    min_replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
     """Fewest replicas the workload runs (the HPA's ``minReplicas`` with
     ``gpu_utilization``); together these must fit the prod pool outside its reserve."""
     max_replicas: ReplicaBound

@@ -30,7 +30,7 @@ from policy.base import (
     StrictModel,
 )
 from policy.images import ImageReference
-from policy.workloads import Resources
+from policy.workloads import ModelName, Resources
 
 if TYPE_CHECKING:
     from policy.pool import PoolPolicy
@@ -160,7 +160,7 @@ class ServedModel(StrictModel):
     name: ServiceName = Field(max_length=MODEL_NAME_MAX)
     """Name of its pools and objects (``<name>-flex``, ``<name>-production``); a DNS-1035
     label of at most 40 characters."""
-    model: str = Field(min_length=1)
+    model: ModelName
     """The model id requests name; the flex workloads whose ``model`` equals it serve it."""
     production: ProductionInstances | None = None
     """Its production pods, if the owner runs some; unset: served by flex instances only."""

@@ -7,14 +7,152 @@ Alertmanager can trigger a cycle. Secrets are referenced by name, never carried 
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, model_validator
 
-from policy.base import DnsLabel, Invariants, StrictModel
+from policy.base import (
+    URL_PATH_CHARS,
+    AbsolutePath,
+    DnsLabel,
+    Invariants,
+    StrictModel,
+    port_problem,
+)
 
-_SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
-"""Characters Kubernetes allows in a Secret data key."""
+SECRET_KEY_MAX = 253
+"""Longest Secret data key (Kubernetes ``IsConfigMapKey``)."""
+
+
+def _check_secret_key(value: str) -> str:
+    """A Secret data key as the API server checks it: ``[-._a-zA-Z0-9]+``, at most 253
+    characters, not ``.``, ``..`` or starting with ``..`` (the key is a file name in the
+    mounted volume)."""
+    if (
+        re.fullmatch(r"[-._a-zA-Z0-9]+", value, re.ASCII) is None
+        or len(value) > SECRET_KEY_MAX
+        or value.startswith("..")
+        or value == "."
+    ):
+        raise ValueError(
+            f"expected a Secret key (ASCII letters, digits, '-', '_', '.', at most "
+            f"{SECRET_KEY_MAX}, not '.' or starting with '..'), e.g. token, found {value!r}"
+        )
+    return value
+
+
+SecretKey = Annotated[str, AfterValidator(_check_secret_key)]
+"""A key of a Secret's ``data``: the file name the mounted Secret shows."""
+
+_REF_FORBIDDEN = re.compile(r"[^!-~]|[~^:?*\[\\]|\.\.|@\{|//|/\.|\.lock(?:/|\Z)", re.ASCII)
+"""What git's ``check-ref-format`` refuses anywhere in a ref name, made ASCII-only: control
+characters, space and non-ASCII; ``~ ^ : ? * [ \\``; ``..``, ``@{``, ``//``; a component that
+starts with ``.`` or ends with ``.lock``."""
+
+REFNAME_MAX = 255
+"""Longest branch gpupool accepts (git's own limit is the file system's file name)."""
+
+
+def check_branch(value: str) -> str:
+    """``value`` if git accepts it as a branch name (``git check-ref-format --branch``, ASCII
+    only): in particular it never starts with ``-``, so no git command reads it as an option."""
+    if (
+        not value
+        or len(value) > REFNAME_MAX
+        or value.startswith(("-", ".", "/"))
+        or value.endswith(("/", ".", ".lock"))
+        or value == "@"
+        or _REF_FORBIDDEN.search(value) is not None
+    ):
+        raise ValueError(
+            "expected a git branch name (git check-ref-format --branch: ASCII, no spaces or "
+            "~ ^ : ? * [ \\, no '..', '@{', '//', not starting with '-', '.' or '/', not "
+            f"ending with '/', '.' or '.lock'), e.g. main or release/2025, found {value!r}"
+        )
+    return value
+
+
+Branch = Annotated[str, AfterValidator(check_branch)]
+"""A git branch name (``refs/heads/<name>``) that git accepts and no git command mistakes for
+an option."""
+
+_USER = r"[A-Za-z0-9][A-Za-z0-9._~-]*"
+_HOST = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+_REPO_PATH = rf"[A-Za-z0-9._~%+-]{URL_PATH_CHARS}*"
+REPO_URL_SCHEMES = {
+    "https": re.compile(
+        rf"https://(?:{_USER}@)?{_HOST}(?::(?P<port>[0-9]{{1,5}}))?/{_REPO_PATH}", re.ASCII
+    ),
+    "http": re.compile(
+        rf"http://(?:{_USER}@)?{_HOST}(?::(?P<port>[0-9]{{1,5}}))?/{_REPO_PATH}", re.ASCII
+    ),
+    "ssh": re.compile(
+        rf"ssh://(?:{_USER}@)?{_HOST}(?::(?P<port>[0-9]{{1,5}}))?/{_REPO_PATH}"
+        rf"|{_USER}@{_HOST}:/?{_REPO_PATH}",
+        re.ASCII,
+    ),
+    "file": re.compile(rf"file:///{_REPO_PATH}", re.ASCII),
+}
+"""The repository URLs gpupool clones, by git transport (the allow-list): ``https://`` and
+``http://`` (smart HTTP), ``ssh://`` and scp-like ``user@host:path`` (ssh), ``file:///`` (a
+path in the container). Hosts and users start alphanumeric, so ssh never reads one as an
+option; every other transport (``ext::``, ``fd::``, remote helpers) is refused, and the init
+container's ``GIT_ALLOW_PROTOCOL`` repeats the scheme so git refuses any other, redirects
+and submodules included."""
+
+
+def repo_url_scheme(url: str) -> str | None:
+    """The allow-listed transport of ``url`` (``https``, ``http``, ``ssh``, ``file``), None
+    when it is not one gpupool clones."""
+    for scheme, grammar in REPO_URL_SCHEMES.items():
+        match = grammar.fullmatch(url)
+        if match is not None and not port_problem(match.groupdict().get("port")):
+            return scheme
+    return None
+
+
+def _check_repo_url(value: str) -> str:
+    if repo_url_scheme(value) is None:
+        raise ValueError(
+            "expected a git URL https://HOST/PATH, http://HOST/PATH, ssh://[USER@]HOST/PATH, "
+            "USER@HOST:PATH or file:///PATH (ASCII host and path, port 1-65535), e.g. "
+            f"https://github.com/acme/policy.git, found {value!r}"
+        )
+    return value
+
+
+RepoUrl = Annotated[str, AfterValidator(_check_repo_url)]
+"""A git repository URL with an allow-listed transport (``REPO_URL_SCHEMES``)."""
+
+
+def _check_repo_path(value: str) -> str:
+    segments = value.split("/")
+    if (
+        not all(re.fullmatch(r"[A-Za-z0-9._-]+", s, re.ASCII) for s in segments)
+        or any(s in (".", "..") for s in segments)
+        or value.startswith("-")
+        or segments[0] == ".git"
+        or re.search(r"\.ya?ml\Z", value) is None
+    ):
+        raise ValueError(
+            "expected a YAML file inside the repository, a relative path of ASCII letters, "
+            "digits, '.', '_', '-' (no '.' or '..' segment, not in .git, not starting with "
+            f"'-'), ending .yaml or .yml, e.g. policy/pool.yaml, found {value!r}"
+        )
+    return value
+
+
+def _check_forge_repo(value: str) -> str:
+    match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9-]{0,38})/([A-Za-z0-9._-]{1,100})", value)
+    if match is None or match[2] in (".", ".."):
+        raise ValueError(
+            "expected a GitHub repository OWNER/NAME (owner: ASCII letters, digits, '-', at "
+            "most 39, starting alphanumeric; name: letters, digits, '.', '_', '-', at most 100, "
+            f"not '.' or '..'), e.g. acme/policy, found {value!r}"
+        )
+    return value
+
 
 RepoAuth = Literal["none", "https-token", "ssh-key"]
 
@@ -26,17 +164,20 @@ class Tuner(StrictModel):
     """Secret (in ``cluster.system_namespace``) holding the webhook bearer token: the tuner
     reads it as a mounted file (``--token-file``), Alertmanager as its receiver's
     ``credentials_file`` (list it in the Alertmanager resource's ``spec.secrets``)."""
-    webhook_token_key: str = Field("token", pattern=_SECRET_KEY)
+    webhook_token_key: SecretKey = "token"
     """Key of the token inside ``webhook_token_secret``."""
-    alertmanager_secrets_dir: str = Field("/etc/alertmanager/secrets", pattern=r"^/\S*[^/]$")
+    alertmanager_secrets_dir: AbsolutePath = "/etc/alertmanager/secrets"
     """Where Alertmanager sees the Secrets of its ``spec.secrets`` (prometheus-operator mounts
     each at ``<dir>/<secret>/<key>``); the tuner receiver's ``credentials_file`` lives here."""
-    policy_repo_url: str = Field(pattern=r"^(https?://|ssh://|file://|git@)\S+$")
+    policy_repo_url: RepoUrl
     """Your policy repository (the one holding this file); cloned into the tuner's volume at
-    pod start. No default: only you know it."""
-    policy_repo_branch: str = Field("main", pattern=r"^[^\s~^:?*\[\\]+$")
-    """Branch the tuner clones and proposes changes against."""
-    policy_repo_path: str = Field("policy/pool.yaml", pattern=r"^[^/\s][^\s]*\.ya?ml$")
+    pod start. No default: only you know it. One of the transports gpupool allows:
+    ``https://``, ``http://``, ``ssh://``, ``USER@HOST:PATH``, ``file:///`` (ASCII host and
+    path)."""
+    policy_repo_branch: Branch = "main"
+    """Branch the tuner clones and proposes changes against: a name git accepts (``git
+    check-ref-format --branch``), ASCII, never starting with ``-``."""
+    policy_repo_path: Annotated[str, AfterValidator(_check_repo_path)] = "policy/pool.yaml"
     """The policy file inside that repository (``gpupool tune --policy-path``)."""
     policy_repo_auth: RepoAuth = "none"
     """How git authenticates: ``none`` (public or file URL), ``https-token`` (a
@@ -44,19 +185,27 @@ class Tuner(StrictModel):
     (a ``kubernetes.io/ssh-auth`` Secret: ``ssh-privatekey`` and ``known_hosts``)."""
     policy_repo_secret: DnsLabel | None = None
     """Secret with the git credentials; required unless ``policy_repo_auth`` is ``none``."""
-    forge_repo: str | None = Field(None, pattern=r"^[\w.-]+/[\w.-]+$")
+    forge_repo: Annotated[str, AfterValidator(_check_forge_repo)] | None = None
     """``OWNER/NAME`` on GitHub: when set, the tuner pushes each proposal and opens a pull
     request (``--open-pr``) with the token of ``forge_token_secret``; unset: branches only."""
     forge_token_secret: DnsLabel = "gpupool-tuner-github"
     """Secret holding the GitHub token that may open pull requests (used with ``forge_repo``)."""
-    forge_token_key: str = Field("token", pattern=_SECRET_KEY)
+    forge_token_key: SecretKey = "token"
     """Key of the token inside ``forge_token_secret``."""
     compaction_token_secret: DnsLabel = "gpupool-compaction-token"
     """Secret holding the bearer token of the tuner's compaction requests; create it with the
     same value in ``cluster.system_namespace`` (the tuner) and ``cluster.flex_namespace`` (the
     sidecars). Optional: while it is absent the tuner only logs its requests."""
-    compaction_token_key: str = Field("token", pattern=_SECRET_KEY)
+    compaction_token_key: SecretKey = "token"
     """Key of the token inside ``compaction_token_secret``."""
+
+    @property
+    def repo_transport(self) -> str:
+        """The git transport ``policy_repo_url`` uses (``https``, ``http``, ``ssh`` or
+        ``file``): the init container's ``GIT_ALLOW_PROTOCOL``, so git refuses any other."""
+        scheme = repo_url_scheme(self.policy_repo_url)
+        assert scheme is not None  # RepoUrl validated it
+        return scheme
 
     @property
     def webhook_credentials_file(self) -> str:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from policy.base import (
+    INT32_MAX,
+    MAX_REPLICAS,
+    AbsolutePath,
     DnsLabel,
     DnsSubdomain,
     Invariants,
@@ -36,7 +39,7 @@ class SnapshotVolume(StrictModel):
     access_mode: AccessMode = "ReadWriteMany"
     """``ReadWriteMany`` lets a rescheduled replica on another node read the snapshot;
     ``ReadWriteOnce``/``ReadWriteOncePod`` keep every replica on one node's volume."""
-    mount_path: str = Field("/var/lib/gpupool/kv-snapshots", pattern=r"^/")
+    mount_path: AbsolutePath = "/var/lib/gpupool/kv-snapshots"
     """Where the volume is mounted in the vLLM container; root of vLLM's filesystem KV tier."""
     tier_capacity: QuantityOrPercent = "90%"
     """Most bytes the snapshot tier may hold: a share of ``size`` (``"90%"``) or a quantity
@@ -111,6 +114,39 @@ _QUANTITY_FACTORS = {
 """Multipliers of Kubernetes quantity suffixes (decimal and binary)."""
 
 
+MAX_NUM_SEQS = 65536
+"""Most sequences one vLLM instance may schedule at once: vLLM sizes per-sequence buffers
+(and CUDA graphs) from ``--max-num-seqs`` at start-up, so more is a typo, never a plan."""
+
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_./~][A-Za-z0-9_./~:@+=-]{0,254}", re.ASCII)
+
+
+def _check_model_name(value: str) -> str:
+    if _MODEL_NAME.fullmatch(value) is None:
+        raise ValueError(
+            "expected a Hugging Face model id or a path (ASCII letters, digits and _ . / ~ : @ "
+            "+ = -, at most 255, not starting with '-'), e.g. meta-llama/Llama-3.1-8B-Instruct, "
+            f"found {value!r}"
+        )
+    return value
+
+
+ModelName = Annotated[str, AfterValidator(_check_model_name)]
+"""A model id or path as vLLM's ``--model`` (and the served model's id) takes it."""
+
+
+def _check_file_path(value: str) -> str:
+    if re.fullmatch(r"[A-Za-z0-9_./~+-]{1,4096}", value, re.ASCII) is None:
+        raise ValueError(
+            "expected a file path (ASCII letters, digits and _ . / ~ + -), e.g. "
+            f"models/llama-3.1-8b-instruct.json, found {value!r}"
+        )
+    return value
+
+
+FilePath = Annotated[str, AfterValidator(_check_file_path)]
+"""A path the validating machine reads (relative to the policy file or absolute)."""
+
 MAX_GPUS_PER_REPLICA = 16
 """Most GPUs one flex replica (one vLLM tensor-parallel group, on one node) may take."""
 
@@ -126,9 +162,10 @@ class FlexWorkload(StrictModel):
     """Deployment, Service, PDB and HPA name: a DNS-1035 label (starts with a letter), short
     enough that every name derived from it fits its limit (``<name>-kv-compaction`` is a
     Service too; ``gpupool validate`` names the longest allowed)."""
-    model: str = Field(min_length=1)
-    """Model served (Hugging Face id or path inside the image / volume)."""
-    hf_config: str = Field(min_length=1)
+    model: ModelName
+    """Model served (Hugging Face id or path inside the image / volume): ASCII, no spaces, not
+    starting with ``-`` (it is the value of vLLM's ``--model``)."""
+    hf_config: FilePath
     """Hugging Face ``config.json`` of the model, relative to the policy file; sizes the KV."""
     image: ImageReference = "vllm/vllm-openai:v0.32.0"
     """Container image; gpupool targets the vLLM 0.32 API. Pin it by digest
@@ -137,7 +174,7 @@ class FlexWorkload(StrictModel):
     """Flex node pool the replicas run on."""
     gpus_per_replica: int = Field(1, ge=1, le=MAX_GPUS_PER_REPLICA)
     """``nvidia.com/gpu`` per replica; also vLLM's tensor-parallel size."""
-    min_replicas: int = Field(1, ge=0)
+    min_replicas: int = Field(1, ge=0, le=MAX_REPLICAS)
     """HPA lower bound (0 needs the HPAScaleToZero feature gate; not supported)."""
     max_replicas: ReplicaBoundOrAuto = "auto"
     """HPA upper bound. ``auto``: as many replicas as the pools the workload may use can
@@ -145,9 +182,9 @@ class FlexWorkload(StrictModel):
     budget alone decides; a number caps the workload below that."""
     port: int = Field(8000, ge=1024, le=65535)
     """vLLM OpenAI server port."""
-    max_model_len: int = Field(8192, ge=16)
+    max_model_len: int = Field(8192, ge=16, le=INT32_MAX)
     """``--max-model-len``: longest prompt + output in tokens."""
-    max_num_seqs: int = Field(128, ge=1)
+    max_num_seqs: int = Field(128, ge=1, le=MAX_NUM_SEQS)
     """``--max-num-seqs``: most sequences scheduled at once."""
     startup_timeout_s: int = Field(900, ge=60, le=7200)
     """Longest model download + load before the startup probe restarts the container."""

@@ -50,12 +50,13 @@ policy branch from it every cycle and pushes its proposal branches to it (``--re
 
 CLONE_SCRIPT = """\
 set -eu
+git check-ref-format --branch "$GIT_BRANCH" >/dev/null
 if [ -d "$REPO_DIR/.git" ]; then
-  git -C "$REPO_DIR" fetch --quiet "$GIT_REMOTE" "$GIT_BRANCH"
-  git -C "$REPO_DIR" checkout --quiet --force -B "$GIT_BRANCH" FETCH_HEAD
+  git -C "$REPO_DIR" fetch --quiet -- "$GIT_REMOTE" "refs/heads/$GIT_BRANCH"
+  git -C "$REPO_DIR" checkout --quiet --force -B "$GIT_BRANCH" FETCH_HEAD --
 else
   git -c credential.helper="${GIT_CREDENTIAL_HELPER:-}" \\
-    clone --quiet --origin "$GIT_REMOTE" --branch "$GIT_BRANCH" "$GIT_URL" "$REPO_DIR"
+    clone --quiet --origin "$GIT_REMOTE" --branch "$GIT_BRANCH" -- "$GIT_URL" "$REPO_DIR"
   if [ -n "${GIT_CREDENTIAL_HELPER:-}" ]; then
     git -C "$REPO_DIR" config credential.helper "$GIT_CREDENTIAL_HELPER"
   fi
@@ -64,7 +65,15 @@ git -C "$REPO_DIR" log -1 --format='policy repository at %H'
 """
 """The init container's script: clone (or, after a pod restart kept the volume, fast-forward)
 the policy branch; with https-token auth the repository keeps the credential helper so the
-tuner can push its branches."""
+tuner can push its branches.
+
+The script is a constant: policy values reach it only as environment variables, expanded in
+double quotes (one word each, never shell code), and git reads none of them as an option:
+the branch must pass ``git check-ref-format --branch`` (which refuses a leading ``-``) before
+any git command sees it, it is fetched as ``refs/heads/<branch>``, and ``--`` ends the options
+before the remote, the URL and the directory. Without those, a branch such as
+``--upload-pack=<command>`` ran ``<command>`` on a pod restart (``git fetch`` read it as its
+option; docs/design/commands-audit.md)."""
 
 HTTPS_CREDENTIAL_HELPER = (
     '!f() { test "$1" = get || exit 0; '
@@ -133,9 +142,14 @@ def token_secrets(settings: Tuner) -> list[tuple[str, str, str, bool]]:
 
 
 def git_env(settings: Tuner) -> list[dict[str, Any]]:
-    """Environment of every container that runs git: HOME on the writable /tmp, and how to
-    authenticate (a credential helper or an ssh command)."""
-    env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
+    """Environment of every container that runs git: HOME on the writable /tmp, the one
+    transport the repository URL uses (``GIT_ALLOW_PROTOCOL``), and how to authenticate (a
+    credential helper or an ssh command)."""
+    env: list[dict[str, Any]] = [
+        {"name": "HOME", "value": "/tmp"},
+        # git refuses every other transport (ext::, fd::, a redirect, a submodule's URL)
+        {"name": "GIT_ALLOW_PROTOCOL", "value": settings.repo_transport},
+    ]
     if settings.policy_repo_auth == "https-token":
         env.append({"name": "GIT_CREDENTIAL_HELPER", "value": HTTPS_CREDENTIAL_HELPER})
     elif settings.policy_repo_auth == "ssh-key":
