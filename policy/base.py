@@ -294,7 +294,15 @@ ReplicaBoundOrAuto = Annotated[
 ]
 """A ``ReplicaBound`` or ``auto`` (the bound follows from capacity)."""
 
-Quantity = Annotated[str, AfterValidator(_check_quantity)]
+
+def _number_as_quantity(value: object) -> object:
+    """``cpu: 8`` as Kubernetes reads it: a bare YAML number is the quantity ``"8"``."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value}"
+    return value
+
+
+Quantity = Annotated[str, BeforeValidator(_number_as_quantity), AfterValidator(_check_quantity)]
 """A Kubernetes resource quantity (``16Gi``, ``500m``)."""
 
 
@@ -315,7 +323,9 @@ def _check_quantity_or_percent(value: str) -> str:
     return value
 
 
-QuantityOrPercent = Annotated[str, AfterValidator(_check_quantity_or_percent)]
+QuantityOrPercent = Annotated[
+    str, BeforeValidator(_number_as_quantity), AfterValidator(_check_quantity_or_percent)
+]
 """A Kubernetes quantity (``80Gi``) or a percentage of another quantity (``90%``)."""
 
 _PATH_SEGMENT = re.compile(r"[A-Za-z0-9._-]+", re.ASCII)

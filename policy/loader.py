@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
@@ -137,13 +140,55 @@ def _describe(error: Any) -> str:
         renamed = RENAMED_FIELDS.get(tuple(str(part) for part in error["loc"]))
         if renamed is not None:
             return f"{renamed} (docs/policy.md, Migrating)"
-        return "unknown field (check the spelling; see `gpupool schema` for the allowed fields)"
+        return _unknown(error["loc"])
     message = str(error["msg"]).removeprefix("Value error, ")
     if kind == "value_error":
         return message  # gpupool's own validators name what they found
+    limit = (error.get("ctx") or {}).get("le")
+    if kind == "less_than_equal" and limit == 1 and isinstance(found, int | float) and found > 1:
+        share = found / 100
+        return f"{message}: a fraction, so {found:g} % is {share:g}, found {found!r}"
     if isinstance(found, dict | list):
         return f"{message}, found a {'mapping' if isinstance(found, dict) else 'list'}"
     return f"{message}, found {found!r}"
+
+
+def _unknown(loc: tuple[Any, ...]) -> str:
+    """An unknown key's message: the nearest field of its mapping, when one is near."""
+    allowed = sorted(_fields_at([str(part) for part in loc[:-1]]))
+    near = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+    if near:
+        return f"unknown field; did you mean {near[0]!r}? (`gpupool schema` lists every field)"
+    return "unknown field (check the spelling; `gpupool schema` lists every field)"
+
+
+def _fields_at(loc: list[str]) -> set[str]:
+    """The keys the mapping at ``loc`` (``node_pools.0``) allows, as written in YAML; empty
+    where no model is there (a free mapping, such as labels)."""
+    models: list[type[BaseModel]] = [PoolPolicy]
+    for part in loc:
+        if part.isdigit():
+            continue  # an entry of a list keeps its models
+        models = [
+            found
+            for model in models
+            for name, field in model.model_fields.items()
+            if part in (name, field.alias)
+            for found in _models_in(field.annotation)
+        ]
+    return {field.alias or name for model in models for name, field in model.model_fields.items()}
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models an annotation holds: itself, or inside Optional, unions, lists, tuples."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _models_in(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType, list, tuple):
+        return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+    return []
 
 
 def _line_of(document: Any, loc: list[str]) -> int:
