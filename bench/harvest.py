@@ -29,11 +29,12 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from infra.builders.workload import HPA_TOLERANCES
 from policy import DEFAULT_POLICY, PoolPolicy, load_policy, parse_policy
+from runtime.advise.levers import grid, parse_vary
+from runtime.advise.sweep import variant_document
 from runtime.sim.engine import Settings
 from runtime.sim.traces import (
     ProductionTrace,
@@ -47,36 +48,29 @@ from runtime.sim.whatif import Demand, Result, WhatIf, run
 
 @dataclass(frozen=True)
 class Setting:
-    """Edits of the shipped policy and the production trace to replay it with."""
+    """Changes of the shipped policy (``gpupool advise --vary`` fields, one value each) and
+    the production trace to replay it with."""
 
-    edits: dict[str, Any] = field(default_factory=dict)
+    changes: tuple[str, ...] = ()
     production: str = "alibaba"
 
 
-def _variant(**edits: Any) -> PoolPolicy:
-    document = load_policy().model_dump(mode="json")
-    prod, flex = document["node_pools"][0], document["node_pools"][1]
-    if "flex_nodes" in edits:
-        flex["max_nodes"] = edits["flex_nodes"]
-    if "prod_nodes" in edits:
-        prod["max_nodes"] = edits["prod_nodes"]
-    if edits.get("lend") is False:
-        prod["lend_idle"] = False
-    if "slots" in edits:
-        prod["reserve_ratio"] = 0.0
-        prod["reserve"] = {"replicas": edits["slots"], "of": "inference/llama-70b-prod"}
-    if "flex_gpus" in edits:
-        document["workloads"][0]["gpus_per_replica"] = edits["flex_gpus"]
-    return parse_policy(document)
+def _variant(changes: tuple[str, ...]) -> PoolPolicy:
+    policy = load_policy()
+    variant = grid(policy, [parse_vary(change) for change in changes])[-1]
+    return parse_policy(variant_document(policy, variant.edits))
 
 
+SLOTS = "reserve={replicas: 2, of: inference/llama-70b-prod}"
 SETTINGS = {
     "shipped": Setting(),
-    "goal": Setting({"flex_nodes": 2}),
-    "goal, lending off": Setting({"flex_nodes": 2, "lend": False}),
-    "goal, 2-slot reserve": Setting({"flex_nodes": 2, "slots": 2}),
-    "large prod pool": Setting({"prod_nodes": 15}),
-    "diurnal, 2-GPU flex": Setting({"flex_nodes": 2, "flex_gpus": 2}, production="diurnal"),
+    "goal": Setting(("gpu-flex.max_nodes=2",)),
+    "goal, lending off": Setting(("gpu-flex.max_nodes=2", "gpu-prod.lend_idle=false")),
+    "goal, 2-slot reserve": Setting(("gpu-flex.max_nodes=2", SLOTS)),
+    "large prod pool": Setting(("gpu-prod.max_nodes=15",)),
+    "diurnal, 2-GPU flex": Setting(
+        ("gpu-flex.max_nodes=2", "llama-8b-flex.gpus_per_replica=2"), production="diurnal"
+    ),
 }
 
 
@@ -116,7 +110,7 @@ def main() -> None:
     backlog = load_flex_trace(bundled("azure-code"))
     for name in args.only or SETTINGS:
         setting = SETTINGS[name]
-        policy = _variant(**setting.edits)
+        policy = _variant(setting.changes)
         demand = {policy.workloads[0].name: Demand(backlog=backlog)}
         settings = Settings(hours=args.hours, hpa_tolerance=args.hpa_tolerance)
         whatif = WhatIf(_production(setting.production, args.hours), demand, settings)

@@ -20,7 +20,7 @@ from ruamel.yaml.error import YAMLError
 
 from policy.pool import PoolPolicy
 from runtime.tuner.decisions import PolicyPath
-from runtime.tuner.yamledit import ValueEdit, render
+from runtime.tuner.yamledit import ValueEdit, lookup, render
 
 MOVE_NODES = "move_nodes"
 """The ``--vary`` lever that moves nodes between the prod pool and the first flex pool."""
@@ -159,7 +159,7 @@ def _edits(
     if lever.field == RESERVE:
         return _reserve(policy, value)
     path = resolve(document, lever.field)
-    if _lookup(document, path) == value:
+    if lookup(document, path) == value:
         return ()
     return (ValueEdit(path, value),)
 
@@ -263,10 +263,3 @@ def _resolve(document: Mapping[str, Any], dotted: str, shown: str) -> PolicyPath
     if isinstance(node, Mapping) or (isinstance(node, list) and path[-1] != "nodes"):
         raise LeverError(f"--vary {shown}: names a section, not a value; name a field in it")
     return tuple(path)
-
-
-def _lookup(document: Any, path: PolicyPath) -> Any:
-    node = document
-    for part in path:
-        node = node[part]
-    return node

@@ -23,7 +23,7 @@ from runtime.advise.levers import CURRENT, Variant
 from runtime.sim.options import Options, build_whatif
 from runtime.sim.report import Summary
 from runtime.sim.whatif import run, run_pooled
-from runtime.tuner.yamledit import ValueEdit
+from runtime.tuner.yamledit import ValueEdit, applied
 
 SweepProgress = Callable[[int, int], None]
 """Called with (variants finished, variants to replay)."""
@@ -77,13 +77,8 @@ class _Pool(Protocol):
 
 
 def variant_document(policy: PoolPolicy, edits: Sequence[ValueEdit]) -> dict[str, Any]:
-    """The policy as a plain document with ``edits`` applied (paths as ``ValueEdit``)."""
-    document: dict[str, Any] = policy.model_dump(mode="json", by_alias=True)
-    for edit in edits:
-        node: Any = document
-        for part in edit.path[:-1]:
-            node = node[part]
-        node[edit.path[-1]] = edit.value
+    """The policy as a plain document with ``edits`` applied."""
+    document: dict[str, Any] = applied(policy.model_dump(mode="json", by_alias=True), edits)
     return document
 
 

@@ -21,10 +21,7 @@ from runtime.tuner.prometheus import TraceQueryError, connect, production_sample
 console = Console(highlight=False)
 
 MAX_SAMPLES = 100_000
-"""Steps one trace may hold (a week at 6 s, 69 days at a minute): Prometheus refuses range
-queries of more than 11,000 points, so each query is cut into pieces of that size."""
-
-POINTS_PER_QUERY = 10_000
+"""Steps one trace may hold (a week at 6 s, 69 days at a minute)."""
 
 
 def production_trace(
@@ -67,13 +64,8 @@ def production_trace(
         policy = load_policy(resolve_policy_file(policy_file, example=example))
         stop = time.time() if end is None else end
         client = connect(prometheus)
-        samples = []
-        start = stop - span
         try:
-            while start <= stop:
-                piece = min(stop, start + (POINTS_PER_QUERY - 1) * every)
-                samples += production_samples(client, policy, start=start, end=piece, step_s=every)
-                start = piece + every
+            samples = production_samples(client, policy, start=stop - span, end=stop, step_s=every)
             text = demand_csv(samples, source=f"{prometheus} ({window} to {stop:.0f})")
         except (TraceQueryError, TraceError) as exc:
             raise UsageProblem(str(exc)) from None

@@ -73,26 +73,36 @@ class TraceQueryError(RuntimeError):
     """Prometheus could not answer a production-trace range query; one line."""
 
 
+POINTS_PER_QUERY = 10_000
+"""Steps one range query asks for: Prometheus refuses more than 11,000 points a series."""
+
+
 def production_samples(
     client: PrometheusConnect, policy: PoolPolicy, *, start: float, end: float, step_s: float
 ) -> list[tuple[float, float, float | None]]:
     """``(time, GPUs production demanded, its busy GPU-equivalents or None)`` every
     ``step_s`` from ``start`` to ``end``, from the catalogue's standalone PromQL: it reads
     kube-state-metrics and dcgm-exporter directly, so the history from before gpupool's
-    recording rules were installed counts too. Steps without a demand sample are left out."""
+    recording rules were installed counts too. A long window is read in pieces of
+    ``POINTS_PER_QUERY`` steps; steps without a demand sample are left out."""
     queries = catalogue.build_catalogue(policy)
-    read: dict[str, dict[float, float]] = {}
-    for name in (catalogue.PRODUCTION_GPUS_DEMANDED, catalogue.PRODUCTION_BUSY_GPUS):
-        try:
-            result = client.custom_query_range(
-                queries.query(name),
-                start_time=datetime.fromtimestamp(start, UTC),
-                end_time=datetime.fromtimestamp(end, UTC),
-                step=f"{step_s:g}",
-            )
-        except (requests.RequestException, PrometheusApiClientException, ValueError) as exc:
-            raise TraceQueryError(f"{name}: {type(exc).__name__}: {exc}") from None
-        values = result[0]["values"] if result else []
-        read[name] = {float(t): _value(v) for t, v in values}
-    demanded, busy = read[catalogue.PRODUCTION_GPUS_DEMANDED], read[catalogue.PRODUCTION_BUSY_GPUS]
+    names = (catalogue.PRODUCTION_GPUS_DEMANDED, catalogue.PRODUCTION_BUSY_GPUS)
+    read: dict[str, dict[float, float]] = {name: {} for name in names}
+    piece_start = start
+    while piece_start <= end:
+        piece_end = min(end, piece_start + (POINTS_PER_QUERY - 1) * step_s)
+        for name in names:
+            try:
+                result = client.custom_query_range(
+                    queries.query(name),
+                    start_time=datetime.fromtimestamp(piece_start, UTC),
+                    end_time=datetime.fromtimestamp(piece_end, UTC),
+                    step=f"{step_s:g}",
+                )
+            except (requests.RequestException, PrometheusApiClientException, ValueError) as exc:
+                raise TraceQueryError(f"{name}: {type(exc).__name__}: {exc}") from None
+            values = result[0]["values"] if result else []
+            read[name] |= {float(t): _value(v) for t, v in values}
+        piece_start = piece_end + step_s
+    demanded, busy = (read[name] for name in names)
     return [(t, demanded[t], busy.get(t)) for t in sorted(demanded)]

@@ -63,7 +63,7 @@ def edit_values(
         document = YAML(typ="rt").load(text)
     inserts: list[tuple[int, str]] = []
     for edit in edits:
-        parent = _lookup(document, edit.path[:-1])
+        parent = lookup(document, edit.path[:-1])
         key = edit.path[-1]
         if _written(parent, key):
             line, col = _position(parent, key)
@@ -81,9 +81,9 @@ def edit_values(
     edited = "".join(lines)
     reread = YAML(typ="rt").load(edited)
     for edit in edits:
-        if _plain(_lookup(reread, edit.path)) != edit.value:
+        if _plain(lookup(reread, edit.path)) != edit.value:
             raise YamlEditError(f"{edit.dotted}: edit did not read back as {edit.value!r}")
-    if _plain(reread) != _applied(_plain(document), edits):
+    if _plain(reread) != applied(_plain(document), edits):
         raise YamlEditError("an edit changed more than the values it names")
     return edited, reread
 
@@ -121,7 +121,8 @@ def _number(change: Change) -> float | int:
     return float(change.after)
 
 
-def _lookup(document: Any, path: Sequence[str | int]) -> Any:
+def lookup(document: Any, path: Sequence[str | int]) -> Any:
+    """The value at ``path`` of a (round-trip or plain) document."""
     node = document
     for part in path:
         node = node[part]
@@ -212,8 +213,9 @@ def _plain(node: Any) -> Any:
     return str(node) if isinstance(node, str) else node
 
 
-def _applied(document: Any, edits: Sequence[ValueEdit]) -> Any:
+def applied(document: Any, edits: Sequence[ValueEdit]) -> Any:
+    """``document`` (a plain one, changed in place) with every edit's value set."""
     for edit in edits:
-        parent = _lookup(document, edit.path[:-1])
+        parent = lookup(document, edit.path[:-1])
         parent[edit.path[-1]] = edit.value
     return document

@@ -53,6 +53,7 @@ from runtime.sim.engine import (
 from runtime.sim.production import ProductionRule
 from runtime.sim.serving import Requests
 from runtime.sim.traces import ProductionTrace, diurnal, load_production_trace
+from runtime.tuner import prometheus as prometheus_edge
 from tests.alerts.test_e2e import query
 from tests.harness.servers import Server, backfill, start_prometheus
 
@@ -384,11 +385,18 @@ def _replay_checked(replay: Replay, observe: Observer | None = None) -> Series:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("points", [prometheus_edge.POINTS_PER_QUERY, 7])
 def test_the_production_trace_from_range_queries_is_what_the_states_held(
-    scenarios: dict[str, tuple[PoolPolicy, list[ExporterView], Server]], tmp_path: Path
+    scenarios: dict[str, tuple[PoolPolicy, list[ExporterView], Server]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    points: int,
 ) -> None:
     """``gpupool production-trace`` over the backfilled history: one row per state, GPUs
-    demanded and duty cycle as the mirror computes them from that state."""
+    demanded and duty cycle as the mirror computes them from that state; in one range
+    query, and in pieces of 7 steps (a long window's queries), with no step lost or
+    repeated where pieces meet."""
+    monkeypatch.setattr(prometheus_edge, "POINTS_PER_QUERY", points)
     policy, states, prom = scenarios["default"]
     folder = tmp_path / "policy"
     shutil.copytree(DEFAULT_POLICY.parent / "models", folder / "models")
