@@ -13,6 +13,7 @@ bound.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -140,6 +141,8 @@ def _int32(low: int = 0, high: int = h.INT32[1]) -> Callable[[Any], bool]:
     def ok(value: Any) -> bool:
         if isinstance(value, bool) or not isinstance(value, int | float):
             return False
+        if not math.isfinite(value):
+            return False
         return value == int(value) and low <= value <= high and h.INT32[0] <= value <= h.INT32[1]
 
     return ok
@@ -172,5 +175,6 @@ NUMBERS: dict[str, Callable[[Any], bool]] = {
 @given(field=st.sampled_from(sorted(NUMBERS)), value=h.numbers)
 @example(field="node_pools.0.max_nodes", value=10**23)
 @example(field="autoscaling.scale_up_pods_per_minute", value=3_000_000_000)
+@example(field="autoscaling.scale_down_pods_per_minute", value=float("inf"))
 def test_numbers_fit_the_fields_that_store_them(field: str, value: Any) -> None:
     _check(field, value, NUMBERS[field])
