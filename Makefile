@@ -10,7 +10,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_VERSION := 3.3.30
 
-.PHONY: demo test lint servers install install-test checkov
+.PHONY: demo test test-fast lint servers install install-test checkov
 
 $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,3 +53,8 @@ lint: $(VENV)/.test
 
 test: servers $(VENV)/.test $(CHECKOV_VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The developer's loop: the pure tests only (no server, engine, vLLM import or other program;
+# tests/harness/purity.py fails a test that needs one and is not marked).
+test-fast: $(VENV)/.test
+	GPUPOOL_PURE_TESTS=1 $(PY) -m pytest -m "not slow and not vllm and not process" $(PYTEST_ARGS)

@@ -7,8 +7,21 @@ from collections.abc import Iterator
 import pytest
 
 from runtime.vllm import render_args
+from tests.harness import purity
 from tests.harness.servers import Server, free_port, start_vllm_server
 from tests.harness.tiny_engine import TEST_ONLY_ARGS, tiny_plan
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not purity.guarding():
+        return
+    importers = purity.vllm_importers(session.items)
+    if importers:
+        raise pytest.UsageError(
+            f"{purity.PURE_ENV}=1 but these test files import vLLM: mark them "
+            f"{purity.Need.VLLM.value}: {', '.join(importers)}"
+        )
+    purity.guard()
 
 
 @pytest.fixture(scope="session")

@@ -150,6 +150,7 @@ def findings(name: PurePosixPath, text: str, names: set[str]) -> list[Finding]:
     return found
 
 
+@pytest.mark.process
 def test_no_tracked_file_reads_or_links_outside_the_repository() -> None:
     files = tracked_files()
     assert PurePosixPath("README.md") in files  # the listing is the repository's

@@ -41,6 +41,8 @@ from runtime.metrics.catalogue import FLEX_EVICTIONS
 from runtime.metrics.evictions import canonical_reasons
 from tests.harness.servers import require_binary
 
+pytestmark = pytest.mark.process
+
 NS = "gpupool-flex"
 REC = FLEX_EVICTIONS
 TOTAL = f"sum by (namespace) ({REC})"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
@@ -35,6 +36,8 @@ from tests.infra.policies import BASE, explicit_args
 from tests.infra.test_fuzz_render import policies
 from tests.infra.test_karpenter_schema import VALIDATOR, cel_problems
 from tests.infra.test_kubernetes_schemas import CRD_GROUPS
+
+pytestmark = pytest.mark.process
 
 
 def _leaves(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

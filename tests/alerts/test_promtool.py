@@ -14,6 +14,8 @@ from policy import PoolPolicy
 from tests.alerts.conftest import ALERT_TESTS
 from tests.harness.servers import require_binary
 
+pytestmark = pytest.mark.process
+
 UNIT_TESTS = sorted(ALERT_TESTS.glob("*.test.yaml"))
 
 

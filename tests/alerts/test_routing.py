@@ -14,6 +14,8 @@ from infra.yaml_text import to_yaml
 from policy import PoolPolicy
 from tests.harness.servers import require_binary
 
+pytestmark = pytest.mark.process
+
 # Receivers the test policy (alerts/tests/policy.yaml) promises for each alert: severity
 # routes, plus the tuner for the alerts that start a tuning cycle.
 EXPECTED = {

@@ -21,6 +21,8 @@ from tests.infra.policies import edited
 from tests.infra.test_cli import write_policy
 from tests.infra.test_security import PINNED
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[2]
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 DOCS = ROOT / "docs" / "infra.md"

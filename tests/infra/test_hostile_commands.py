@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -101,6 +102,7 @@ def _one_line_at(exc: PolicyError, field: str) -> None:
     assert field in {p.path for p in exc.problems}, exc
 
 
+@pytest.mark.process
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(template=branches)
 @example(template=f"--upload-pack=touch${{IFS}}{MARK};git-upload-pack")
@@ -126,6 +128,7 @@ def test_branches_reach_git_as_data(template: str) -> None:
         assert _git(root / "kept" / "repo", "rev-parse", "--abbrev-ref", "HEAD") == branch
 
 
+@pytest.mark.process
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(template=st.one_of(options, st.sampled_from(PAYLOADS)))
 def test_the_clone_script_never_reads_a_value_as_an_option(template: str) -> None:

@@ -554,6 +554,7 @@ def _write(path: Path, data: Any) -> None:
     path.write_text(yaml.safe_dump_all(data) if isinstance(data, list) else yaml.safe_dump(data))
 
 
+@pytest.mark.process
 @pytest.mark.skipif(
     KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed"
 )
@@ -592,6 +593,7 @@ def test_kustomize_build_equals_the_pulumi_path(tmp_path: Path, layout: str) -> 
     )
 
 
+@pytest.mark.process
 @pytest.mark.skipif(
     KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed"
 )

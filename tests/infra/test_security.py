@@ -132,6 +132,7 @@ def test_forge_token_is_a_file_when_pull_requests_are_on() -> None:
     assert "GITHUB_TOKEN" not in {e["name"] for e in container["env"]}
 
 
+@pytest.mark.process
 def test_the_hugging_face_token_is_a_file_huggingface_hub_reads(tmp_path: Path) -> None:
     """HF_TOKEN_PATH names the mounted key; huggingface_hub itself (run here) reads it."""
     policy = POLICIES["hardened"]()

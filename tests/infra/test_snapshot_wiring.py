@@ -89,6 +89,7 @@ def test_the_preserving_objects_are_valid_kubernetes(version: str) -> None:
             kubernetes_validate.validate(obj, version, strict=True)
 
 
+@pytest.mark.process
 def test_the_rendered_gc_runs_on_the_rendered_policy_config_map(tmp_path: Path) -> None:
     """The GC container's own command and arguments, with the ConfigMap it mounts (a policy
     without workloads), run one pass: the pod would start."""

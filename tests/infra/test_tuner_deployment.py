@@ -151,6 +151,7 @@ def _run_init(container: dict[str, Any], repo_dir: Path, home: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.process
 def test_init_container_clones_then_fast_forwards_the_policy_branch(tmp_path: Path) -> None:
     origin = tmp_path / "origin"
     (origin / "policy").mkdir(parents=True)
@@ -179,6 +180,7 @@ def test_init_container_clones_then_fast_forwards_the_policy_branch(tmp_path: Pa
     assert _git(clone, "branch", "--list", "gpupool-tuner/kept") != ""
 
 
+@pytest.mark.process
 def test_init_container_fails_on_a_missing_branch(tmp_path: Path) -> None:
     origin = tmp_path / "origin"
     origin.mkdir()

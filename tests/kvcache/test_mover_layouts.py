@@ -23,6 +23,8 @@ from tests.kvcache.kv_layouts import (
     vllm_views,
 )
 
+pytestmark = pytest.mark.vllm
+
 UNFUSED = {
     "runs-numpy": {"strategy": "runs"},
     "runs-torch": {"strategy": "runs", "numpy_copies": False},

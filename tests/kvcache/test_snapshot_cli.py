@@ -10,10 +10,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from policy import DEFAULT_POLICY, load_policy
 from tests.harness.servers import free_port
+
+pytestmark = pytest.mark.process
 
 GPUPOOL = [sys.executable, "-m", "runtime.cli.app"]
 

@@ -37,6 +37,8 @@ from tests.harness.offload_tier import (
     store,
 )
 
+pytestmark = pytest.mark.vllm
+
 IDENTITY = {"model": "tiny/model", "hash_algo": "sha256", "attention_backend": "cpu"}
 
 

@@ -29,6 +29,8 @@ from tests.kvcache.kv_layouts import (
     vllm_views,
 )
 
+pytestmark = pytest.mark.vllm
+
 
 @pytest.fixture(scope="module")
 def interpreted() -> Iterator[ModuleType]:

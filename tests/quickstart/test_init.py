@@ -14,6 +14,8 @@ from runtime.cli import init_commands
 from runtime.cli.app import app
 from runtime.init.catalog import MODELS, find_gpu
 
+pytestmark = pytest.mark.process
+
 runner = CliRunner()
 
 ISSUE_CLUSTER = [

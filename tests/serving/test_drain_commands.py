@@ -22,6 +22,8 @@ from tests.harness.servers import free_port
 from tests.infra.policies import policy_with
 from tests.serving.pod import PodCommands, pod_commands, probe_passes
 
+pytestmark = pytest.mark.process
+
 
 class Health(http.server.BaseHTTPRequestHandler):
     status = 200

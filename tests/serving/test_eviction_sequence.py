@@ -41,6 +41,8 @@ from tests.harness.servers import TINY_MODEL, Server, free_port, start_vllm_serv
 from tests.harness.tiny_engine import TEST_ONLY_ARGS, TINY_POLICY
 from tests.serving.pod import Kubelet, PodCommands, pod_commands
 
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.process]
+
 DISRUPTION = {
     "readiness_period_s": 1,
     "readiness_failure_threshold": 1,

@@ -64,6 +64,7 @@ def test_whatif_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     assert "![gpus_held](gpus_held.png)" in text and str(out) not in text
 
 
+@pytest.mark.process
 def test_base_and_head_refs_give_one_pr_comment(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     policy = _policy_copy(repo)

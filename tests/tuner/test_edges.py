@@ -133,6 +133,7 @@ def test_every_setting_is_documented_with_its_default() -> None:
     assert TunerSettings().window == "30m" and TunerSettings().cooldown == "1h"
 
 
+@pytest.mark.process
 def test_proposal_branch_is_pushed_to_the_remote(policy_repo: Path, tmp_path: Path) -> None:
     """What ``--open-pr`` does before its API call, against a real (local, bare) remote."""
     remote = tmp_path / "remote.git"
@@ -153,6 +154,7 @@ def test_proposal_branch_is_pushed_to_the_remote(policy_repo: Path, tmp_path: Pa
     assert git(remote, "log", "-1", "--format=%an %s", commit).strip() == "gpupool-tuner T"
 
 
+@pytest.mark.process
 def test_manifest_diff_renders_with_the_model_configs_committed_at_the_base(
     policy_repo: Path, tmp_path: Path
 ) -> None:
@@ -184,6 +186,7 @@ def test_manifest_diff_renders_with_the_model_configs_committed_at_the_base(
     assert "maxReplicas" in diff
 
 
+@pytest.mark.process
 def test_only_a_local_branch_base_is_fetched(policy_repo: Path) -> None:
     """``branch_of`` decides what a cycle fetches: the branch ``--base`` names (``HEAD``: the
     checked-out one); a commit, a tag or a detached HEAD is used as committed."""

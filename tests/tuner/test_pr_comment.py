@@ -500,6 +500,7 @@ def _posting(base: str, head: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.process
 def test_script_posts_the_replay_and_the_diff(
     policy_repo: Path, tmp_path: Path, github: ReplayGitHub
 ) -> None:
@@ -586,6 +587,7 @@ def test_script_posts_the_real_replay_of_both_refs(
     assert {"head-gpus.png", "base-gpus.png"} <= {p.name for p in run.out.iterdir()}
 
 
+@pytest.mark.process
 def test_failing_validation_still_posts_why_then_fails(
     policy_repo: Path, tmp_path: Path, github: ReplayGitHub
 ) -> None:
@@ -612,6 +614,7 @@ def test_failing_validation_still_posts_why_then_fails(
     assert "<details>" not in body
 
 
+@pytest.mark.process
 def test_without_a_token_nothing_is_posted(
     policy_repo: Path, tmp_path: Path, github: ReplayGitHub
 ) -> None:
@@ -629,6 +632,7 @@ def test_without_a_token_nothing_is_posted(
     assert "<details>" in (run.out / "pr-comment.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.process
 def test_a_diff_that_does_not_fit_is_left_to_the_artifact(
     policy_repo: Path, tmp_path: Path, github: ReplayGitHub
 ) -> None:
@@ -658,6 +662,7 @@ def test_a_diff_that_does_not_fit_is_left_to_the_artifact(
     )
 
 
+@pytest.mark.process
 def test_bad_refs_are_usage_errors(policy_repo: Path, tmp_path: Path, github: ReplayGitHub) -> None:
     run, _ = _run_script(policy_repo, tmp_path, github, BASE_REF="no-such-ref")
     assert run.returncode == 2 and "BASE_REF 'no-such-ref' is not a commit" in run.stderr
