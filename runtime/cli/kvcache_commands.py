@@ -15,7 +15,7 @@ from policy import load_policy
 from policy.base import duration_seconds
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import ExampleOption, policy_file
-from runtime.kvcache.control import ControlClient, ControlError, read_token
+from runtime.kvcache.control import ControlClient, ControlError, Op, read_token
 from runtime.kvcache.limits import CompactionLimits
 
 kv_app = typer.Typer(
@@ -43,13 +43,13 @@ def _client(socket: Path, token_file: Path) -> ControlClient:
         raise UsageProblem(str(exc)) from None
 
 
-def _call(socket: Path, token_file: Path, op: str, **args: Any) -> None:
+def _call(socket: Path, token_file: Path, op: Op, **args: Any) -> None:
     with reported_errors():
         try:
             reply = _client(socket, token_file).call(op, **args)
         except ControlError as exc:
             raise UsageProblem(str(exc)) from None
-        typer.echo(reply["text"] if op == "metrics" else json.dumps(reply, indent=2))
+        typer.echo(reply["text"] if op is Op.METRICS else json.dumps(reply, indent=2))
 
 
 def _limits(policy: Path | None, example: bool) -> dict[str, Any]:
@@ -61,13 +61,13 @@ def _limits(policy: Path | None, example: bool) -> dict[str, Any]:
 @kv_app.command()
 def status(socket: SocketOpt = Path(SOCKET_PATH), token_file: TokenOpt = Path(TOKEN_PATH)) -> None:
     """Pool size, occupancy, fragmentation and load as the engine sees them."""
-    _call(socket, token_file, "status")
+    _call(socket, token_file, Op.STATUS)
 
 
 @kv_app.command()
 def metrics(socket: SocketOpt = Path(SOCKET_PATH), token_file: TokenOpt = Path(TOKEN_PATH)) -> None:
     """The plugin's Prometheus metrics."""
-    _call(socket, token_file, "metrics")
+    _call(socket, token_file, Op.METRICS)
 
 
 @kv_app.command()
@@ -78,7 +78,7 @@ def compact(
     example: ExampleOption = False,
 ) -> None:
     """Pack occupied blocks into the low end of the pool (bounded by the policy)."""
-    _call(socket, token_file, "compact", limits=_limits(policy, example))
+    _call(socket, token_file, Op.COMPACT, limits=_limits(policy, example))
 
 
 @kv_app.command()
@@ -93,7 +93,7 @@ def shrink(
 
     The plugin refuses a NUM_BLOCKS below the shrink floor (blocks requests hold + one
     max_model_len sequence + the null block) and says what the floor is."""
-    _call(socket, token_file, "shrink", num_blocks=num_blocks, limits=_limits(policy, example))
+    _call(socket, token_file, Op.SHRINK, num_blocks=num_blocks, limits=_limits(policy, example))
 
 
 @kv_app.command()
@@ -105,7 +105,7 @@ def grow(
     token_file: TokenOpt = Path(TOKEN_PATH),
 ) -> None:
     """Widen the pool again, at most to the size the engine started with."""
-    _call(socket, token_file, "grow", num_blocks=num_blocks)
+    _call(socket, token_file, Op.GROW, num_blocks=num_blocks)
 
 
 @kv_app.command()

@@ -15,14 +15,76 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
-
-Handler = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
 class ControlError(RuntimeError):
     """The plugin refused or failed a request; the message says why."""
+
+
+class Op(StrEnum):
+    """What a control request asks the plugin for."""
+
+    STATUS = "status"
+    METRICS = "metrics"
+    COMPACT = "compact"
+    SHRINK = "shrink"
+    GROW = "grow"
+
+    @classmethod
+    def parse(cls, value: object) -> Op:
+        """The op a request names; ``ValueError`` naming the ops otherwise."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            expected = ", ".join(op.value for op in cls)
+            raise ValueError(f"unknown op {value!r}; expected one of {expected}") from None
+
+    @property
+    def changes_the_pool(self) -> bool:
+        """Changes block ids or the KV buffer: no batch may be in flight while it runs."""
+        return self in (Op.COMPACT, Op.SHRINK, Op.GROW)
+
+
+class Status(StrEnum):
+    """How a compact, shrink or grow ended (the plugin's ``compactions`` metric label)."""
+
+    DONE = "done"
+    DEFERRED = "deferred"
+    """Not now (the engine is saturated, batches in flight): the next poll may retry."""
+    REFUSED = "refused"
+    """Never as asked (a target out of range, below the floor, an engine the plugin refuses)."""
+    FAILED = "failed"
+    """Tried and rolled back; the pool is as it was."""
+    NOOP = "noop"
+    """Nothing to do: already packed, already the requested size."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The reply to a compact, shrink or grow."""
+
+    status: Status
+    reason: str = ""
+    blocks_moved: int = 0
+    bytes_moved: int = 0
+    pause_s: float = 0.0
+    fragmentation: float = 0.0
+    usable_blocks: int = 0
+    released_bytes: int = 0
+    released_measured_bytes: int = 0
+    peak_extra_bytes: int | None = None
+    """A resize's: the most any rank held beyond the larger of its old and new pool
+    (``worker_side.ResizeResult``); None without a resize or where no rank can measure it."""
+
+    def to_reply(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Handler = Callable[[Op, dict[str, Any]], dict[str, Any]]
 
 
 def read_token(path: Path) -> str:
@@ -73,7 +135,7 @@ class ControlServer:
             token = str(request.get("token", ""))
             if not hmac.compare_digest(token.encode(), self._token.encode()):
                 return {"ok": False, "error": "unauthorized: bad or missing token"}
-            result = self._handler(str(request.get("op", "")), dict(request.get("args") or {}))
+            result = self._handler(Op.parse(request.get("op")), dict(request.get("args") or {}))
             return {"ok": True, "result": result}
         except Exception as exc:  # the engine must survive any bad request
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -90,7 +152,7 @@ class ControlClient:
     def __init__(self, path: Path, token: str, timeout_s: float = 120.0) -> None:
         self.path, self._token, self.timeout_s = path, token, timeout_s
 
-    def call(self, op: str, **args: Any) -> dict[str, Any]:
+    def call(self, op: Op, **args: Any) -> dict[str, Any]:
         """The plugin's result for ``op``; raises ``ControlError`` with its reason otherwise."""
         request = {"token": self._token, "op": op, "args": args}
         try:

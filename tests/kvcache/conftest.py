@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.kvcache.in_vllm import plugin
 from tests.harness.servers import TINY_MODEL
 from tests.kvcache.engine import TOTAL_BLOCKS, Engine, start_engine
 
@@ -44,4 +45,6 @@ def engine(control_token: tuple[Path, Path, str]) -> Iterator[Engine]:
         else:
             os.environ[key] = value
     yield handle
-    handle.core._gpupool_control.close()
+    control = plugin.state(handle.core).control
+    assert control is not None
+    control.close()

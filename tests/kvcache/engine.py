@@ -200,6 +200,6 @@ def check_engine(engine: Engine) -> None:
     runs while they read (between steps, where passes run)."""
     from runtime.kvcache.in_vllm import plugin
 
-    with plugin._lock(engine.core):
+    with plugin.state(engine.core).lock:
         check_pool(engine.pool)
         check_tables(engine)

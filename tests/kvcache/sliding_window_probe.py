@@ -67,7 +67,7 @@ def main() -> None:
         outcomes.append((op, result["status"], result.get("reason", "")))
 
     def hook(step: int) -> None:
-        with plugin._lock(engine.core):
+        with plugin.state(engine.core).lock:
             check_pool(engine.pool)
             seen["freed"] = max(seen["freed"], window_tables(engine)["freed"])
         if step == 9:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from runtime.kvcache.control import ControlClient
+from runtime.kvcache.control import ControlClient, Op
 from runtime.kvcache.in_vllm import plugin
 from tests.kvcache.engine import (
     WAVE_EVERY,
@@ -83,7 +83,7 @@ def batch_queue(engine: Engine, size: int) -> Iterator[Any]:
         core.batch_queue, core.batch_queue_size, core.step_fn = None, 1, core.step
 
 
-def admit(core: Any, op: str, **args: Any) -> plugin.EngineJob:
+def admit(core: Any, op: Op, **args: Any) -> plugin.EngineJob:
     """What the engine's main thread does with a control request from its input queue."""
     from vllm.v1.engine.core import EngineCoreProc
 
@@ -102,12 +102,12 @@ def test_a_full_batch_queue_drains_for_compact_shrink_and_grow_and_scheduling_re
     jobs: dict[int, plugin.EngineJob] = {}
     remote: list[dict[str, Any]] = []
     caller = threading.Thread(
-        target=lambda: remote.append(ControlClient(socket, token).call("compact", limits=limits()))
+        target=lambda: remote.append(ControlClient(socket, token).call(Op.COMPACT, limits=limits()))
     )
     requests: dict[int, tuple[str, dict[str, Any]]] = {
-        5: ("compact", {"limits": limits()}),
-        9: ("shrink", {"num_blocks": 512, "limits": limits()}),
-        13: ("grow", {}),
+        5: (Op.COMPACT, {"limits": limits()}),
+        9: (Op.SHRINK, {"num_blocks": 512, "limits": limits()}),
+        13: (Op.GROW, {}),
     }
 
     with batch_queue(engine, 2) as core:
@@ -137,7 +137,7 @@ def test_a_full_batch_queue_drains_for_compact_shrink_and_grow_and_scheduling_re
                 caller.start()
 
         out = engine.run(PROMPTS, hook)
-        assert plugin._DRAIN not in core.__dict__
+        assert plugin.state(core).drain is None
     caller.join(timeout=60)
     # under load a batch is in flight at every step boundary: without the drain, every
     # request would be deferred
@@ -173,13 +173,13 @@ def test_a_drain_past_its_bound_is_deferred_and_changes_nothing(
             if step <= LAST_WAVE or len(core.batch_queue) != 3:
                 return
             if "drained" not in seen:  # three in flight, within the bound: three steps, then run
-                seen["drained"] = seen["job"] = admit(core, "compact", limits=limits())
+                seen["drained"] = seen["job"] = admit(core, Op.COMPACT, limits=limits())
             elif "gave_up" not in seen:
                 seen["before"] = [id(b) for b in engine.pool.blocks]
-                seen["gave_up"] = seen["job"] = admit(core, "compact", limits=limits())
+                seen["gave_up"] = seen["job"] = admit(core, Op.COMPACT, limits=limits())
 
         out = engine.run(PROMPTS, hook)
-        assert plugin._DRAIN not in core.__dict__
+        assert plugin.state(core).drain is None
     drained, gave_up = seen["drained"].result, seen["gave_up"].result
     assert drained["status"] in ("done", "noop"), drained
     assert gave_up["status"] == "deferred", gave_up

@@ -118,7 +118,7 @@ def test_shrink_and_grow_need_one_layer_beyond_the_larger_pool(engine_at_full_si
     """The worker's own measure (``ResizeResult.peak_extra_bytes``), on an empty pool (so
     the scheduler, which is not told, has nothing at or above the smaller size)."""
     engine = engine_at_full_size
-    with plugin._lock(engine.core):
+    with plugin.state(engine.core).lock:
         assert engine.core.reset_prefix_cache()
         engine.fill_kv_with_noise()  # every page resident, as in a used pool
         shrunk = _resize_rpc(engine, HALF)
@@ -141,7 +141,7 @@ def test_shrink_and_grow_mid_generation_peak_at_one_layer_and_keep_outputs(
     seen: list[tuple[dict[str, Any], int | None]] = []
 
     def measured(op: str, **args: Any) -> None:
-        with plugin._lock(engine.core):
+        with plugin.state(engine.core).lock:
             watch = worker_side.MemoryWatch(device)
             outcome = engine.control(op, **args)
             seen.append((outcome, watch.peak_extra_bytes()))
@@ -198,7 +198,7 @@ def test_a_resize_outcome_and_gauge_carry_the_largest_peak_over_the_ranks(
         return [mine, {**mine, "peak_extra_bytes": None}, {**mine, "peak_extra_bytes": more}]
 
     half_layer = HALF * LAYER_BLOCK_BYTES
-    with plugin._lock(engine.core):
+    with plugin.state(engine.core).lock:
         assert engine.core.reset_prefix_cache()
         engine.fill_kv_with_noise()  # every page resident, as in a used pool
         monkeypatch.setattr(executor, "collective_rpc", three_ranks)
@@ -225,7 +225,7 @@ def test_an_allocation_failing_on_the_second_layer_puts_the_first_back(
     layer 1 was never touched."""
     engine = engine_at_full_size
     runner = engine.runner
-    with plugin._lock(engine.core):
+    with plugin.state(engine.core).lock:
         assert engine.core.reset_prefix_cache()
         if _layout(engine)[0][0] != start:
             _resize_rpc(engine, start)
@@ -262,7 +262,7 @@ def test_a_failed_resize_mid_generation_fails_the_shrink_and_changes_no_output(
     def hook(step: int) -> None:
         if step != 4:
             return
-        with plugin._lock(engine.core), second_allocation_failing():
+        with plugin.state(engine.core).lock, second_allocation_failing():
             outcomes.append(engine.control("shrink", num_blocks=HALF, limits=limits()))
             assert engine.pool.num_gpu_blocks == TOTAL_BLOCKS
             assert [layer[0] for layer in _layout(engine)] == [TOTAL_BLOCKS] * 2

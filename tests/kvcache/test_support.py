@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from policy import PolicyError, load_policy, parse_policy
+from runtime.kvcache.control import Op
 from runtime.kvcache.in_vllm import plugin, scheduler_side
 from runtime.kvcache.in_vllm.engine_control import EngineController
 from runtime.kvcache.in_vllm.support import engine_refusal
@@ -31,12 +32,12 @@ def _refuses_mid_generation(engine: Engine, controller: EngineController, reason
     def hook(step: int) -> None:
         if step != 3:
             return
-        with plugin._lock(engine.core):
+        with plugin.state(engine.core).lock:
             before = _occupied(engine)
             assert before[0], "requests hold blocks at this step"
-            seen.append(controller.handle("compact", {"limits": limits()}))
-            seen.append(controller.handle("shrink", {"num_blocks": 512, "limits": limits()}))
-            seen.append(controller.handle("grow", {}))
+            seen.append(controller.handle(Op.COMPACT, {"limits": limits()}))
+            seen.append(controller.handle(Op.SHRINK, {"num_blocks": 512, "limits": limits()}))
+            seen.append(controller.handle(Op.GROW, {}))
             assert _occupied(engine) == before
 
     engine.run(shared_prefix_prompts(6), hook)

@@ -72,7 +72,7 @@ def _failing_pass(
     def hook(step: int) -> None:
         if step != 4:
             return
-        with plugin._lock(engine.core):
+        with plugin.state(engine.core).lock:
             before = kept(engine)
             outcomes.append(engine.control(op, **args))
             assert kept(engine) == before
@@ -137,7 +137,7 @@ def test_a_plan_the_pool_cannot_take_moves_nothing(engine: Engine) -> None:
     def hook(step: int) -> None:
         if step != 3:
             return
-        with plugin._lock(engine.core):
+        with plugin.state(engine.core).lock:
             occ = scheduler_side.occupancy(engine.pool)
             before = _state(engine)
             bad = [
@@ -207,7 +207,7 @@ def test_control_requests_beside_adds_and_aborts_corrupt_nothing(
                     done[int(out.request_id)] = Finished(
                         list(out.outputs[0].token_ids), out.num_cached_tokens or 0
                     )
-            with plugin._lock(engine.core):
+            with plugin.state(engine.core).lock:
                 check_pool(engine.pool)
                 check_tables(engine)
             step += 1

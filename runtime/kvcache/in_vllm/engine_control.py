@@ -17,11 +17,12 @@ groups, shared KV) has every compact, shrink and grow refused with the reason.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from runtime.kvcache.control import Op, Outcome, Status
 from runtime.kvcache.in_vllm import scheduler_side
 from runtime.kvcache.in_vllm.metrics import CompactionMetrics
 from runtime.kvcache.in_vllm.saturation import deferral_reason, shrink_deferral_reason
@@ -62,24 +63,6 @@ class PassFailed(RuntimeError):
 class WorkersInconsistent(RuntimeError):
     """A rollback failed too: the workers' block tables no longer match the scheduler's.
     The engine must not serve on; the pod restarts."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one request did; ``status`` is done, deferred, refused, failed or noop."""
-
-    status: str
-    reason: str = ""
-    blocks_moved: int = 0
-    bytes_moved: int = 0
-    pause_s: float = 0.0
-    fragmentation: float = 0.0
-    usable_blocks: int = 0
-    released_bytes: int = 0
-    released_measured_bytes: int = 0
-    peak_extra_bytes: int | None = None
-    """A resize's: the most any rank held beyond the larger of its old and new pool
-    (``worker_side.ResizeResult``); None without a resize or where no rank can measure it."""
 
 
 class EngineController:
@@ -186,8 +169,8 @@ class EngineController:
     def deferred(self, reason: str) -> Outcome:
         """Answer a request the engine cannot take now; it changes nothing and the sidecar
         retries at its next poll."""
-        self.metrics.compactions.labels("deferred").inc()
-        return self._outcome("deferred", reason)
+        self.metrics.compactions.labels(Status.DEFERRED).inc()
+        return self._outcome(Status.DEFERRED, reason)
 
     def _relocate(self, moves: list[Move], strategy: Strategy) -> int:
         """One transactional pass: the plan is checked against the scheduler's pool, every
@@ -227,23 +210,23 @@ class EngineController:
         try:
             moves = plan_moves(occ.occupied, occ.free, target, max_moves=limits.max_moves)
         except PlanError as exc:
-            self.metrics.compactions.labels("refused").inc()
-            return self._outcome("refused", str(exc))
+            self.metrics.compactions.labels(Status.REFUSED).inc()
+            return self._outcome(Status.REFUSED, str(exc))
         if not moves:
-            self.metrics.compactions.labels("noop").inc()
-            return self._outcome("noop", "already packed below the watermark")
+            self.metrics.compactions.labels(Status.NOOP).inc()
+            return self._outcome(Status.NOOP, "already packed below the watermark")
         try:
             copied = self._relocate(moves, limits.strategy)
         except (scheduler_side.PoolStateError, PassFailed) as exc:
-            self.metrics.compactions.labels("failed").inc()
-            return self._outcome("failed", str(exc))
+            self.metrics.compactions.labels(Status.FAILED).inc()
+            return self._outcome(Status.FAILED, str(exc))
         pause = time.perf_counter() - started
-        self.metrics.compactions.labels("done").inc()
+        self.metrics.compactions.labels(Status.DONE).inc()
         self.metrics.blocks_moved.inc(len(moves))
         self.metrics.bytes_moved.inc(copied)
         if watermark is None:  # a shrink observes its whole pause, compaction included
             self.metrics.pause_seconds.observe(pause)
-        return self._outcome("done", "", len(moves), copied, pause)
+        return self._outcome(Status.DONE, "", len(moves), copied, pause)
 
     def shrink(self, num_blocks: int, limits: CompactionLimits) -> Outcome:
         """Pack below ``num_blocks``, then cut the pool and its memory to ``num_blocks``.
@@ -256,30 +239,31 @@ class EngineController:
         started = time.perf_counter()
         current = self._manager().block_pool.num_gpu_blocks
         if not 2 <= num_blocks <= current:
-            self.metrics.compactions.labels("refused").inc()
-            return self._outcome("refused", f"shrink target {num_blocks} not in [2, {current}]")
+            self.metrics.compactions.labels(Status.REFUSED).inc()
+            out_of_range = f"shrink target {num_blocks} not in [2, {current}]"
+            return self._outcome(Status.REFUSED, out_of_range)
         state = self.status()
         reason = self._below_floor(num_blocks, state["held_blocks"])
         if reason is not None:
-            self.metrics.compactions.labels("refused").inc()
-            return self._outcome("refused", reason)
+            self.metrics.compactions.labels(Status.REFUSED).inc()
+            return self._outcome(Status.REFUSED, reason)
         reason = self._deferral(limits, state, shrink_to=num_blocks)
         if reason is not None:
             return self.deferred(reason)
         scheduler_side.evict_cached(self._manager().block_pool, num_blocks - 1)
         packed = self._pack(limits, num_blocks, started)
-        if packed.status in ("refused", "failed"):
+        if packed.status in (Status.REFUSED, Status.FAILED):
             return packed
         occ = scheduler_side.occupancy(self._manager().block_pool)
         left = [b for b in occ.occupied if b >= num_blocks]
         if left:
             reason = f"{len(left)} occupied blocks still at or above {num_blocks}; shrink later"
-            return self._outcome("refused", reason, packed.blocks_moved, packed.bytes_moved)
+            return self._outcome(Status.REFUSED, reason, packed.blocks_moved, packed.bytes_moved)
         try:
             resized = self._resize_workers(num_blocks, current)
         except PassFailed as exc:
-            self.metrics.compactions.labels("failed").inc()
-            return self._outcome("failed", str(exc), packed.blocks_moved, packed.bytes_moved)
+            self.metrics.compactions.labels(Status.FAILED).inc()
+            return self._outcome(Status.FAILED, str(exc), packed.blocks_moved, packed.bytes_moved)
         scheduler_side.shrink(self._manager(), self.core.scheduler, num_blocks)
         self.metrics.resizes.labels("shrink").inc()
         return self._resized(resized, started, packed)
@@ -311,23 +295,23 @@ class EngineController:
         target = self.original_blocks if num_blocks is None else num_blocks
         current = self._manager().block_pool.num_gpu_blocks
         if not current <= target <= self.original_blocks:
-            self.metrics.compactions.labels("refused").inc()
+            self.metrics.compactions.labels(Status.REFUSED).inc()
             return self._outcome(
-                "refused", f"grow target {target} not in [{current}, {self.original_blocks}]"
+                Status.REFUSED, f"grow target {target} not in [{current}, {self.original_blocks}]"
             )
         if target == current:
-            return self._outcome("noop", "pool already at the requested size")
+            return self._outcome(Status.NOOP, "pool already at the requested size")
         reason = self._in_flight()
         if reason is not None:
             return self.deferred(reason)
         try:
             resized = self._resize_workers(target, current)
         except PassFailed as exc:
-            self.metrics.compactions.labels("failed").inc()
-            return self._outcome("failed", str(exc))
+            self.metrics.compactions.labels(Status.FAILED).inc()
+            return self._outcome(Status.FAILED, str(exc))
         scheduler_side.grow(self._manager(), self.core.scheduler, target)
         self.metrics.resizes.labels("grow").inc()
-        return self._resized(resized, started, Outcome("done"))
+        return self._resized(resized, started, Outcome(Status.DONE))
 
     def _resized(self, ranks: list[dict[str, Any]], started: float, packed: Outcome) -> Outcome:
         """The outcome of a resize every rank did: allocation sizes and the measured release
@@ -345,7 +329,7 @@ class EngineController:
         if peak is not None:
             self.metrics.resize_peak_extra_bytes.set(peak)
         outcome = self._outcome(
-            "done",
+            Status.DONE,
             "",
             packed.blocks_moved,
             packed.bytes_moved,
@@ -363,7 +347,7 @@ class EngineController:
 
     def _outcome(
         self,
-        status: str,
+        status: Status,
         reason: str,
         moved: int = 0,
         copied: int = 0,
@@ -374,22 +358,18 @@ class EngineController:
         frag, usable = self._refresh_gauges()
         return Outcome(status, reason, moved, copied, pause, frag, usable, released, measured)
 
-    def handle(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        """One control request (``status``, ``metrics``, ``compact``, ``shrink``, ``grow``)."""
-        if op == "status":
+    def handle(self, op: Op, args: dict[str, Any]) -> dict[str, Any]:
+        """One control request, answered as its reply."""
+        if op is Op.STATUS:
             return self.status()
-        if op == "metrics":
+        if op is Op.METRICS:
             return {"text": self.metrics_text()}
-        if op in ("compact", "shrink", "grow") and self.refusal is not None:
-            self.metrics.compactions.labels("refused").inc()
-            return asdict(self._outcome("refused", self.refusal))
-        if op == "grow":
-            return asdict(self.grow(args.get("num_blocks")))
-        if op not in ("compact", "shrink"):
-            raise ValueError(
-                f"unknown op {op!r}; expected status, metrics, compact, shrink or grow"
-            )
+        if self.refusal is not None:
+            self.metrics.compactions.labels(Status.REFUSED).inc()
+            return self._outcome(Status.REFUSED, self.refusal).to_reply()
+        if op is Op.GROW:
+            return self.grow(args.get("num_blocks")).to_reply()
         limits = CompactionLimits(**args["limits"])
-        if op == "compact":
-            return asdict(self.compact(limits))
-        return asdict(self.shrink(int(args["num_blocks"]), limits))
+        if op is Op.COMPACT:
+            return self.compact(limits).to_reply()
+        return self.shrink(int(args["num_blocks"]), limits).to_reply()

@@ -46,10 +46,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from runtime.kvcache.control import ControlServer, Op, read_token
 from runtime.kvcache.limits import Strategy
 from runtime.kvcache.planner import Move
+
+if TYPE_CHECKING:
+    from runtime.kvcache.in_vllm.engine_control import EngineController
 
 ENABLE_ENV = "GPUPOOL_KV_COMPACTION"
 SOCKET_ENV = "GPUPOOL_KV_SOCKET"
@@ -65,9 +69,8 @@ QUIESCE_MAX_S = 2.0
 """Longest a compact, shrink or grow holds new batches back while the engine's batch queue
 drains (async scheduling, pipeline parallelism) before it is deferred; the other bound is the
 queue's size in steps (each held-back step retires one in-flight batch)."""
-QUIESCING_OPS = frozenset({"compact", "shrink", "grow"})
-"""Control ops that change block ids or the KV buffer: no batch may be in flight."""
-_DRAIN = "_gpupool_drain"
+_STATE = "_gpupool"
+"""The one attribute the plugin adds to an ``EngineCore`` (``EngineState``)."""
 
 
 @dataclass(frozen=True)
@@ -178,19 +181,19 @@ class EngineJob:
         return self.result
 
 
-def control_job(core: Any, op: str, args: dict[str, Any]) -> EngineJob:
+def control_job(core: Any, op: Op, args: dict[str, Any]) -> EngineJob:
     """The job that answers one control request with ``core``'s controller."""
-    return EngineJob(lambda: controller(core).handle(op, args), quiesce=op in QUIESCING_OPS)
+    return EngineJob(lambda: controller(core).handle(op, args), quiesce=op.changes_the_pool)
 
 
-def on_engine_thread(core: Any, op: str, args: dict[str, Any]) -> dict[str, Any]:
+def on_engine_thread(core: Any, op: Op, args: dict[str, Any]) -> dict[str, Any]:
     """Serve one control request between two steps of ``core``, on its main thread when it
     has one (``EngineCoreProc``), else under its lock (in-process engine); either way
     ``admit`` runs it, or holds new batches back until the batch queue is empty."""
     job = control_job(core, op, args)
     inputs = getattr(core, "input_queue", None)
     if inputs is None:
-        with _lock(core):
+        with state(core).lock:
             admit(core, job)
     else:
         inputs.put_nowait((JOB_REQUEST, job))
@@ -227,11 +230,11 @@ def admit(core: Any, job: EngineJob) -> None:
     retires one in-flight batch, and the parked jobs run once the queue is empty (or are
     deferred at the bound). An engine the plugin refuses answers at once."""
     if job.quiesce and core.batch_queue and controller(core).refusal is None:
-        drain: Drain | None = core.__dict__.get(_DRAIN)
-        if drain is None:
-            drain = core.__dict__[_DRAIN] = Drain([], time.monotonic())
-        drain.jobs.append(job)
-        _settle(core, drain)
+        kept = state(core)
+        if kept.drain is None:
+            kept.drain = Drain([], time.monotonic())
+        kept.drain.jobs.append(job)
+        _settle(core, kept.drain)
     else:
         job.execute()
 
@@ -248,14 +251,15 @@ def _settle(core: Any, drain: Drain) -> None:
     )
     if verdict == "drain":
         return
-    del core.__dict__[_DRAIN]
+    state(core).drain = None
     reason = (
         f"{in_flight} batches still in flight after holding new batches back for "
         f"{drain.steps} steps ({elapsed:.2f} s; bound {core.batch_queue_size} steps or "
         f"{QUIESCE_MAX_S:g} s); retry at the next poll"
     )
+    deferred = controller(core).deferred
     for job in drain.jobs:
-        job.execute(None if verdict == "run" else lambda: asdict(controller(core).deferred(reason)))
+        job.execute(None if verdict == "run" else lambda: deferred(reason).to_reply())
 
 
 @contextmanager
@@ -273,32 +277,47 @@ def _no_new_batches(scheduler: Any) -> Iterator[None]:
         del scheduler.has_requests
 
 
-def _lock(core: Any) -> threading.RLock:
-    lock: threading.RLock | None = core.__dict__.get("_gpupool_step_lock")
-    if lock is None:
-        lock = core.__dict__.setdefault("_gpupool_step_lock", threading.RLock())
-    return lock
+@dataclass
+class EngineState:
+    """What the plugin keeps on one ``EngineCore``, under one attribute (``_STATE``)."""
+
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    """Held by every step, request change and control job: one at a time."""
+    controller: EngineController | None = None
+    """Created on first use, once the scheduler exists."""
+    drain: Drain | None = None
+    """Jobs waiting for the batch queue to empty, while there are any."""
+    control: ControlServer | None = None
+    """The control socket's server, where the environment configures one."""
 
 
-def controller(core: Any) -> Any:
+def state(core: Any) -> EngineState:
+    """``core``'s plugin state (created on first use; ``setdefault`` keeps it one)."""
+    found: EngineState | None = core.__dict__.get(_STATE)
+    if found is None:
+        found = core.__dict__.setdefault(_STATE, EngineState())
+    return found
+
+
+def controller(core: Any) -> EngineController:
     """The engine's ``EngineController`` (created on first use, after the scheduler exists)."""
     from runtime.kvcache.in_vllm.engine_control import EngineController
 
-    found = core.__dict__.get("_gpupool_controller")
-    if found is None:
-        found = core.__dict__.setdefault("_gpupool_controller", EngineController(core))
-    return found
+    kept = state(core)
+    with kept.lock:
+        if kept.controller is None:
+            kept.controller = EngineController(core)
+        return kept.controller
 
 
 def _install_engine_hooks() -> None:
     from vllm.v1.engine.core import EngineCore, EngineCoreProc
 
-    from runtime.kvcache.control import ControlServer, read_token
     from runtime.kvcache.in_vllm.engine_control import refusal
 
     def locked(method: Callable[..., Any]) -> Callable[..., Any]:
         def run(self: Any, *a: Any, **kw: Any) -> Any:
-            with _lock(self):
+            with state(self).lock:
                 return method(self, *a, **kw)
 
         run.__name__ = method.__name__
@@ -309,8 +328,8 @@ def _install_engine_hooks() -> None:
     step_batches = EngineCore.step_with_batch_queue
 
     def step_with_batch_queue(self: Any) -> Any:
-        with _lock(self):
-            drain: Drain | None = self.__dict__.get(_DRAIN)
+        with state(self).lock:
+            drain = state(self).drain
             if drain is None:
                 return step_batches(self)
             with _no_new_batches(self.scheduler):
@@ -320,9 +339,8 @@ def _install_engine_hooks() -> None:
             return result
 
     def gpupool_kv(self: Any, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-        with _lock(self):
-            result: dict[str, Any] = controller(self).handle(op, args or {})
-            return result
+        with state(self).lock:
+            return controller(self).handle(Op.parse(op), args or {})
 
     def handle_client_request(self: Any, request_type: Any, request: Any) -> None:
         if request_type == JOB_REQUEST:
@@ -337,7 +355,7 @@ def _install_engine_hooks() -> None:
             _log.warning("gpupool KV compaction refused for this engine: %s", reason)
         current = PluginSettings.from_env()  # per engine: a process may host several
         if current.enabled and current.socket is not None and current.token_file is not None:
-            self._gpupool_control = ControlServer(
+            state(self).control = ControlServer(
                 current.socket,
                 read_token(current.token_file),
                 lambda op, args: on_engine_thread(self, op, args),

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_
 from prometheus_client.parser import text_string_to_metric_families
 
 from policy import PoolPolicy
-from runtime.kvcache.control import ControlClient, ControlError
+from runtime.kvcache.control import ControlClient, ControlError, Op, Status
 from runtime.kvcache.limits import CompactionLimits
 from runtime.kvcache.sidecar.compaction_request import (
     CompactionOrder,
@@ -167,7 +167,7 @@ class CompactionSidecar:
         policy = self.policy
         current = scrape(self.metrics_url)
         try:
-            pool: PoolState | None = PoolState.from_status(self.client.call("status"))
+            pool: PoolState | None = PoolState.from_status(self.client.call(Op.STATUS))
         except ControlError:
             pool = None
         except ValueError as exc:  # a reply this sidecar cannot read: decide nothing
@@ -194,29 +194,31 @@ class CompactionSidecar:
         reply = self._act(decision, policy)
         status_label = "none" if reply is None else str(reply.get("status"))
         self.decisions.labels(decision.action, status_label).inc()
-        if reply is not None and reply.get("status") == "done" and decision.action != "grow":
+        if reply is not None and reply.get("status") == Status.DONE and decision.action != "grow":
             self.last_compaction_at_s = current.at_s if current else time.monotonic()
         return decision, reply
 
     def _act(self, decision: Decision, policy: PoolPolicy) -> dict[str, Any] | None:
         limits = CompactionLimits.from_policy(policy.kv_cache).__dict__
+        if decision.action == "none":
+            return None
+        op = Op(decision.action)
+        args: dict[Op, dict[str, Any]] = {
+            Op.COMPACT: {"limits": limits},
+            Op.SHRINK: {"num_blocks": decision.num_blocks, "limits": limits},
+            Op.GROW: {"num_blocks": decision.num_blocks},
+        }
         try:
-            if decision.action == "compact":
-                return self.client.call("compact", limits=limits)
-            if decision.action == "shrink":
-                return self.client.call("shrink", num_blocks=decision.num_blocks, limits=limits)
-            if decision.action == "grow":
-                return self.client.call("grow", num_blocks=decision.num_blocks)
+            return self.client.call(op, **args[op])
         except ControlError as exc:
             self.errors.inc()
             return {"status": "error", "reason": str(exc)}
-        return None
 
     def exposition(self) -> bytes:
         """The sidecar's metrics followed by the plugin's (read through the socket)."""
         text = generate_latest(self.registry)
         try:
-            plugin_text: str = self.client.call("metrics")["text"]
+            plugin_text: str = self.client.call(Op.METRICS)["text"]
             return text + plugin_text.encode()
         except ControlError:
             return text
