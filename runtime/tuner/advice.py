@@ -9,6 +9,7 @@ proposal, and the branch, title and body of that proposal.
 from __future__ import annotations
 
 import hashlib
+import shlex
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
@@ -113,7 +114,7 @@ def pr_body(
     when = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     trace, _ = artifact_paths(policy_path)
     document: Mapping[str, Any] = policy.model_dump(mode="json", by_alias=True)
-    varied = "".join(f" \\\n  --vary '{v}'" for v in vary)
+    varied = "".join(f" \\\n  --vary {shlex.quote(v)}" for v in vary)
     lines = [
         f"Proposed by `gpupool tune` (the advise lever) from production's demand over the "
         f"{window} ending {when} ({samples:,} samples, committed as `{trace}`): the "

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.builders.runtime_components import TUNER_RESOURCES, tuner_deployment
 from policy import DEFAULT_POLICY, PolicyError, PoolPolicy, load_policy
 from policy.tuner import AdviseLever
 from runtime.advise.front import rate
@@ -126,3 +127,15 @@ def test_the_raw_file_url_refuses_what_the_api_calls_refuse() -> None:
         raw_file_url(api_url="https://api.github.com", repository="../x", ref="b", path="p")
     with pytest.raises(ValueError, match="GitHub API URL"):
         raw_file_url(api_url="ftp://x", repository="acme/p", ref="b", path="p")
+
+
+def test_the_tuner_pod_grows_by_the_sweeps_processes_only_while_the_lever_is_on(
+    tmp_path: Path,
+) -> None:
+    off = load_policy()
+    on = load_policy(_policy_with(tmp_path, "{enabled: true, jobs: 3}"))
+    [off_container] = tuner_deployment(off)["spec"]["template"]["spec"]["containers"]
+    [on_container] = tuner_deployment(on)["spec"]["template"]["spec"]["containers"]
+    assert off_container["resources"]["limits"] == TUNER_RESOURCES
+    assert on_container["resources"]["requests"] == {"cpu": "3250m", "memory": "1664Mi"}
+    assert on_container["resources"]["limits"] == on_container["resources"]["requests"]

@@ -325,12 +325,12 @@ printf '<svg xmlns="http://www.w3.org/2000/svg"/>\\n' >"$plots/utilization.svg"
 """
 
 ADVISE_STAND_IN = """#!/bin/sh
-# stand-in for: gpupool advise --policy FILE --out DIR
+# stand-in for: gpupool advise --policy FILE [--prod-trace FILE] --out DIR
 set -eu
 printf '%s\\n' "$*" >>"$ADVISE_CALLS"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --policy) policy=$2 ;; --out) out=$2 ;;
+    --policy) policy=$2 ;; --out) out=$2 ;; --prod-trace) test -f "$2" ;;
     *) echo "stand-in: unexpected $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -460,6 +460,26 @@ def test_script_posts_the_replay_and_the_diff(
     assert run.stdout == (
         f"created https://github.com/acme/gpupool-policy/pull/42#issuecomment-{CREATED_ID}\n"
     )
+
+
+def test_the_sweep_replays_the_trace_a_tuner_proposal_commits(
+    policy_repo: Path, tmp_path: Path, github: ReplayGitHub
+) -> None:
+    """A head with ``advise/production.csv`` beside the policy (what the tuner's advise lever
+    commits): the check's sweep replays that production, not the bundled sample."""
+    base = _git(policy_repo, "rev-parse", "HEAD")
+    (policy_repo / "policy" / "advise").mkdir()
+    (policy_repo / "policy" / "advise" / "production.csv").write_text(
+        "timestamp,gpus_demanded,duty_cycle\n0,16,0.8\n60,16,0.8\n"
+    )
+    _git(policy_repo, "add", "policy/advise")
+    head = _commit_policy(policy_repo, "reserve_ratio: 0.20", "reserve_ratio: 0.05")
+    run, _ = _run_script(policy_repo, tmp_path, github, BASE_REF=base, HEAD_REF=head)
+    assert run.returncode == 0, run.stderr
+    advised = (tmp_path / "advise-calls.txt").read_text().split()
+    assert advised[2] == "--prod-trace"
+    assert advised[3].endswith("/head/policy/advise/production.csv")
+    assert advised[4:] == ["--out", "build/whatif/advice"]
 
 
 @pytest.mark.slow
