@@ -88,16 +88,21 @@ class CycleReport:
     advice: str | None = None
     """Title of the advise lever's proposal (the other fields describe it), if it made one."""
 
+    @property
+    def proposed(self) -> tuple[str, str] | None:
+        """(rule, title) of the cycle's proposal, a rule's or the advise lever's."""
+        if self.advice is not None:
+            return advice.RULE, self.advice
+        p = self.decision.proposal
+        return None if p is None else (p.rule, p.title)
+
     def lines(self) -> list[str]:
         out = [f"{n.rule}: {n.reason}" for n in self.decision.noops]
         if self.decision.compaction is not None:
             out.append(
                 f"compaction request ({self.compaction_outcome}): {self.decision.compaction.reason}"
             )
-        p = self.decision.proposal
-        proposed = (p.rule, p.title) if p is not None else None
-        if self.advice is not None:
-            proposed = (advice.RULE, self.advice)
+        proposed = self.proposed
         if proposed is not None:
             out.append(f"proposal {proposed[0]} ({self.outcome}): {proposed[1]}")
             if self.branch:

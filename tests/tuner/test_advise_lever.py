@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,37 @@ def test_unreachable_prometheus_fails_the_lever_closed(tmp_path: Path) -> None:
     again = _cycle(server, repo)
     [noop] = [n for n in again.decision.noops if n.rule == "advise"]
     assert noop.fail_closed == "trace"
+
+
+def test_cli_dry_run_prints_the_proposal_and_writes_nothing(
+    scenario_prometheus: Server, tmp_path: Path
+) -> None:
+    """``gpupool tune --once --dry-run`` as a process: the sweep runs, nothing is written."""
+    repo, _ = _repo(tmp_path, lever_policy("gpu-prod.reserve_ratio=0.2,0.05"))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cli.app",
+            "tune",
+            "--prometheus",
+            scenario_prometheus.url,
+            "--repo",
+            str(repo),
+            "--once",
+            "--dry-run",
+            "--at",
+            str(scenarios.evaluation_time("quiet")),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "proposal advise (dry_run): Advise: gpu-prod.reserve_ratio=0.05" in done.stdout
+    assert "\n# Advise: gpu-prod.reserve_ratio=0.05\n" in done.stdout
+    assert "| `node_pools.0.reserve_ratio` | `0.2` | `0.05` |" in done.stdout
+    assert _branches(repo) == []
+    assert not (
+        repo / _git(repo, "rev-parse", "--git-common-dir").strip() / "gpupool-tuner"
+    ).exists()
