@@ -18,7 +18,13 @@ from infra.builders.nodepools import Target as NodePoolTarget
 from policy import PoolPolicy, parse_policy
 from runtime.advise import front, levers
 from runtime.advise import report as advise_report
-from runtime.advise.sweep import SweepError, run_sweep, sweep_options, variant_document
+from runtime.advise.sweep import (
+    Sweep,
+    SweepError,
+    run_sweep,
+    sweep_options,
+    variant_document,
+)
 from runtime.atomic_file import write_atomic
 from runtime.sim.traces import TraceError, demand_csv
 from runtime.tuner import advice, compaction, forge, gitrepo, prtext, signals
@@ -277,34 +283,10 @@ def _advise(
     if gitrepo.branch_exists(target.repo, branch):
         reason = f"already proposed on {branch} for this policy; the next sweep waits for a change"
         return skip(NoOp(advice.RULE, reason)), state
-    try:
-        variants = advice.variants(policy, lever)
-        samples = production_samples(
-            cx.client, policy, start=cx.at - lever.window_s, end=cx.at, step_s=lever.step_s
-        )
-        trace = demand_csv(samples, source=f"Prometheus ({lever.window} to {cx.at:.0f})")
-    except levers.LeverError as exc:
-        return skip(NoOp(advice.RULE, f"{exc}; no sweep")), state
-    except (TraceQueryError, TraceError) as exc:
-        return skip(NoOp(advice.RULE, f"fail closed: {exc}; no sweep", "trace")), state
-    policy_dir = str(PurePosixPath(target.policy_path).parent)
-    hours = (samples[-1][0] - samples[0][0] + lever.step_s) / 3600
-    with tempfile.TemporaryDirectory(prefix="gpupool-advise-") as scratch:
-        root = Path(scratch)
-        gitrepo.export_folder(target.repo, cx.base_commit, policy_dir, root)
-        (root / advice.TRACE).write_text(trace, encoding="utf-8")
-        options = sweep_options(str(root / advice.TRACE), hours=hours, target=target.render_target)
-        try:
-            sweep = run_sweep(
-                policy,
-                root / policy_dir,
-                variants,
-                options,
-                jobs=lever.jobs,
-                budget_s=lever.budget_s,
-            )
-        except SweepError as exc:
-            return skip(NoOp(advice.RULE, f"{exc}; nothing proposed")), state
+    swept = _sweep_production(cx)
+    if isinstance(swept, NoOp):
+        return skip(swept), state
+    sweep, trace, samples = swept
     state = replace(state, last_advise_at=cx.at)
     rated = front.rate(sweep.points, sweep.fixed)
     pick = advice.choose(front.recommend(rated))
@@ -341,7 +323,7 @@ def _advise(
         policy_path=target.policy_path,
         window=lever.window,
         at=cx.at,
-        samples=len(samples),
+        samples=samples,
         plot_link=plot_link,
         manifest_diff=manifest_diff(change, target=target.render_target),
         vary=lever.vary,
@@ -375,6 +357,41 @@ def _advise(
             report = replace(report, pr_url=_open_pr(target, forge_options, title, body, branch))
     metrics.proposals.labels(advice.RULE, report.outcome or "").inc()
     return report, state
+
+
+def _sweep_production(cx: _AdviseContext) -> tuple[Sweep, str, int] | NoOp:
+    """(the sweep, the trace's CSV, its samples) of the lever's variants on production's
+    trace of the window, the policy's folder as committed at the base; or why not."""
+    lever, target, policy = cx.policy.tuner.advise, cx.target, cx.policy
+    try:
+        variants = advice.variants(policy, lever)
+        samples = production_samples(
+            cx.client, policy, start=cx.at - lever.window_s, end=cx.at, step_s=lever.step_s
+        )
+        trace = demand_csv(samples, source=f"Prometheus ({lever.window} to {cx.at:.0f})")
+    except levers.LeverError as exc:
+        return NoOp(advice.RULE, f"{exc}; no sweep")
+    except (TraceQueryError, TraceError) as exc:
+        return NoOp(advice.RULE, f"fail closed: {exc}; no sweep", "trace")
+    policy_dir = str(PurePosixPath(target.policy_path).parent)
+    hours = (samples[-1][0] - samples[0][0] + lever.step_s) / 3600  # the whole window
+    with tempfile.TemporaryDirectory(prefix="gpupool-advise-") as scratch:
+        root = Path(scratch)
+        gitrepo.export_folder(target.repo, cx.base_commit, policy_dir, root)
+        (root / advice.TRACE).write_text(trace, encoding="utf-8")
+        options = sweep_options(str(root / advice.TRACE), hours=hours, target=target.render_target)
+        try:
+            sweep = run_sweep(
+                policy,
+                root / policy_dir,
+                variants,
+                options,
+                jobs=lever.jobs,
+                budget_s=lever.budget_s,
+            )
+        except SweepError as exc:
+            return NoOp(advice.RULE, f"{exc}; nothing proposed")
+    return sweep, trace, len(samples)
 
 
 def committed_models(target: Target, base_commit: str, policy: PoolPolicy) -> dict[str, ModelSpec]:
