@@ -192,9 +192,12 @@ class AdviseLever(StrictModel):
     pull request, and a sweep whose current-policy replay did not finish proposes nothing."""
     jobs: int = Field(2, ge=1, le=16)
     """Replays run at once (processes in the tuner's pod)."""
-    vary: list[Annotated[str, AfterValidator(_check_vary)]] = Field(default_factory=list)
-    """``FIELD=V1,V2,...`` entries swept as a grid, as ``gpupool advise --vary``; empty:
-    the levers that matter for the policy (``gpupool advise``'s default sweep)."""
+    vary: list[Annotated[str, AfterValidator(_check_vary)]] = Field(
+        default_factory=list, max_length=8
+    )
+    """``FIELD=V1,V2,...`` entries swept as a grid, as ``gpupool advise --vary`` (at most 8
+    entries and 64 variants); empty: the levers that matter for the policy (``gpupool
+    advise``'s default sweep)."""
 
     @property
     def every_s(self) -> float:

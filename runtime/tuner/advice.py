@@ -9,6 +9,7 @@ proposal, and the branch, title and body of that proposal.
 from __future__ import annotations
 
 import hashlib
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -49,13 +50,20 @@ def due(lever: AdviseLever, state: TunerState, *, at: float, cooldown_s: float) 
 
 
 def variants(policy: PoolPolicy, lever: AdviseLever) -> list[levers.Variant]:
-    """The sweep's variants, the current policy first: the grid of ``tuner.advise.vary``,
-    or the levers that matter for the policy (``gpupool advise``'s default). Raises
-    ``LeverError`` naming the entry the policy cannot take."""
+    """The sweep's variants, the current policy first: the grid of ``tuner.advise.vary``
+    (at most ``MAX_VARIANTS``, counted before it is built), or the levers that matter for
+    the policy (``gpupool advise``'s default). Raises ``LeverError`` naming the entry the
+    policy cannot take."""
     if not lever.vary:
         return levers.default_variants(policy)
     try:
-        return levers.grid(policy, [levers.parse_vary(v) for v in lever.vary])
+        chosen = [levers.parse_vary(v) for v in lever.vary]
+        size = math.prod(len(c.values) for c in chosen)
+        if size > levers.MAX_VARIANTS:
+            raise levers.LeverError(
+                f"a grid of {size:,} variants, over {levers.MAX_VARIANTS}; vary fewer values"
+            )
+        return levers.grid(policy, chosen)
     except levers.LeverError as exc:
         raise levers.LeverError(f"tuner.advise.vary: {exc}") from None
 

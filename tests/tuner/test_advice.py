@@ -78,6 +78,10 @@ def test_the_sweep_is_the_vary_grid_or_the_default_levers(policy: PoolPolicy) ->
     assert len(advice.variants(policy, AdviseLever())) > len(grid)  # the default sweep
     with pytest.raises(LeverError, match=r"^tuner\.advise\.vary: --vary gpu-prod\.reserv: "):
         advice.variants(policy, AdviseLever(vary=["gpu-prod.reserv=0.1"]))
+    values = ",".join(str(n) for n in range(9))
+    huge = AdviseLever(vary=[f"gpu-prod.reserve_ratio=0.{values}", f"move_nodes={values}"])
+    with pytest.raises(LeverError, match=r"^tuner\.advise\.vary: a grid of 81 variants, over 64"):
+        advice.variants(policy, huge)
 
 
 def test_only_a_pick_that_changes_the_policy_is_proposed(base: Summary) -> None:  # noqa: F811
