@@ -10,14 +10,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from policy.base import (
     URL_PATH_CHARS,
     AbsolutePath,
     DnsLabel,
+    Duration,
     Invariants,
     StrictModel,
+    duration_seconds,
     port_problem,
 )
 
@@ -156,6 +158,81 @@ def _check_forge_repo(value: str) -> str:
 
 RepoAuth = Literal["none", "https-token", "ssh-key"]
 
+TRACE_MAX_STEPS = 100_000
+"""Steps one production trace may hold (a week at 6 s, 69 days at a minute)."""
+
+
+def _check_vary(value: str) -> str:
+    field, sep, values = value.partition("=")
+    if not sep or not field.strip() or not values.strip():
+        raise ValueError(
+            "expected FIELD=V1,V2,... as for gpupool advise --vary, e.g. "
+            f"node_pools.gpu-prod.reserve_ratio=0.1,0.2, found {value!r}"
+        )
+    return value
+
+
+class AdviseLever(StrictModel):
+    """The advisor as a lever of the tuner: every ``every`` it reads production's demand of
+    the last ``window`` from Prometheus, sweeps policy variants on it and proposes the
+    recommended one as a pull request (docs/tuner.md, "The advisor as a lever")."""
+
+    enabled: bool = False
+    """Off by default: a sweep costs CPU minutes (``jobs`` processes for up to ``budget``)
+    that the tuner's pod only gets when this is on (its resources grow with ``jobs``)."""
+    every: Duration = "1d"
+    """Least time between two sweeps; a cycle in between does not sweep."""
+    window: Duration = "1d"
+    """How much of production's recent history is read and replayed (the sweep's cost grows
+    with it: about 3 s of CPU per replayed day and variant)."""
+    step: Duration = "1m"
+    """Time between two samples of the production trace."""
+    budget: Duration = "10m"
+    """The sweep starts no replay after this long; variants not reached are listed in the
+    pull request, and a sweep whose current-policy replay did not finish proposes nothing."""
+    jobs: int = Field(2, ge=1, le=16)
+    """Replays run at once (processes in the tuner's pod)."""
+    vary: list[Annotated[str, AfterValidator(_check_vary)]] = Field(
+        default_factory=list, max_length=8
+    )
+    """``FIELD=V1,V2,...`` entries swept as a grid, as ``gpupool advise --vary`` (at most 8
+    entries and 64 variants); empty: the levers that matter for the policy (``gpupool
+    advise``'s default sweep)."""
+
+    @property
+    def every_s(self) -> float:
+        return duration_seconds(self.every)
+
+    @property
+    def window_s(self) -> float:
+        return duration_seconds(self.window)
+
+    @property
+    def step_s(self) -> float:
+        return duration_seconds(self.step)
+
+    @property
+    def budget_s(self) -> float:
+        return duration_seconds(self.budget)
+
+    @model_validator(mode="after")
+    def _trace_fits(self) -> AdviseLever:
+        found = Invariants()
+        steps = self.window_s / self.step_s
+        found.require(
+            steps >= 2,
+            "window",
+            f"window {self.window} must hold two steps of {self.step} at least",
+        )
+        found.require(
+            steps <= TRACE_MAX_STEPS,
+            "step",
+            f"window {self.window} at step {self.step} is {steps:,.0f} samples, over "
+            f"{TRACE_MAX_STEPS:,}; take a longer step",
+        )
+        found.raise_if_any()
+        return self
+
 
 class Tuner(StrictModel):
     """The tuner Deployment's repository, forge and Secret references."""
@@ -198,6 +275,9 @@ class Tuner(StrictModel):
     sidecars). Optional: while it is absent the tuner only logs its requests."""
     compaction_token_key: SecretKey = "token"
     """Key of the token inside ``compaction_token_secret``."""
+    advise: AdviseLever = Field(default_factory=AdviseLever)
+    """The advisor as a lever: a periodic sweep on production's own recent demand, proposed
+    as a pull request (off by default)."""
 
     @property
     def repo_transport(self) -> str:

@@ -41,8 +41,24 @@ TUNER_PORT = "http"
 HEALTH_PATH = "/healthz"
 """The tuner listener's health endpoint (readiness and liveness)."""
 
-TUNER_RESOURCES = {"cpu": "250m", "memory": "512Mi"}
+TUNER_MILLICORES, TUNER_MIB = 250, 512
+TUNER_RESOURCES = {"cpu": f"{TUNER_MILLICORES}m", "memory": f"{TUNER_MIB}Mi"}
 """Requests and limits of the tuner (it queries Prometheus and runs git; small and bursty)."""
+
+SWEEP_JOB_RESOURCES = {"cpu": 1000, "memory": 384}
+"""What each replay process of the advise lever adds to the tuner (millicores, MiB): one
+core, and the 210 MiB a day's replay peaked at with room to spare."""
+
+
+def tuner_resources(policy: PoolPolicy) -> dict[str, str]:
+    """The tuner container's requests (= limits): ``TUNER_RESOURCES``, plus one
+    ``SWEEP_JOB_RESOURCES`` per ``tuner.advise.jobs`` while the advise lever is on."""
+    advise = policy.tuner.advise
+    jobs = advise.jobs if advise.enabled else 0
+    cpu = TUNER_MILLICORES + jobs * SWEEP_JOB_RESOURCES["cpu"]
+    memory = TUNER_MIB + jobs * SWEEP_JOB_RESOURCES["memory"]
+    return {"cpu": f"{cpu}m", "memory": f"{memory}Mi"}
+
 
 POLICY_REMOTE = "origin"
 """Name of the clone's remote: the init container clones under it, and the tuner fetches the
@@ -220,7 +236,7 @@ def tuner_container(policy: PoolPolicy) -> Manifest:
         "readinessProbe": probe | {"periodSeconds": 10},
         # a listener that stops answering is restarted (the cycle loop runs beside it)
         "livenessProbe": probe | {"periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 3},
-        "resources": {"requests": dict(TUNER_RESOURCES), "limits": dict(TUNER_RESOURCES)},
+        "resources": {"requests": tuner_resources(policy), "limits": tuner_resources(policy)},
         "securityContext": _container_security(),
         "volumeMounts": [*_mounts(settings), *tokens],
     }

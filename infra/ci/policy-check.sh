@@ -14,8 +14,10 @@
 #        --markdown OUT_DIR/comment.md --plots OUT_DIR
 #      (the closed-loop replay; skipped when validation failed);
 #   3b. $GPUPOOL_ADVISE --policy POLICY (at HEAD_REF) --out OUT_DIR/advice: a sweep around
-#      the head policy; the comment says whether the head lies on the Pareto front of its
-#      own sweep (advisory: a failed sweep is said, never fails the check);
+#      the head policy (on POLICY's folder's advise/production.csv at HEAD_REF when it has
+#      one: the trace the tuner's advise lever commits); the comment says whether the head
+#      lies on the Pareto front of its own sweep (advisory: a failed sweep is said, never
+#      fails the check);
 #   4. writes OUT_DIR/pr-comment.md: the verdict, the replay's markdown and the diff in a
 #      collapsed <details> section when it fits GitHub's limit (otherwise a pointer to
 #      OUT_DIR/policy.diff), and posts it with `gpupool pr-comment` when GITHUB_TOKEN,
@@ -170,9 +172,13 @@ fi
 front=""
 advise_log="$OUT_DIR/advise.log"
 if [ "$valid" = 1 ] && [ "$GPUPOOL_ADVISE" != off ] && [ "${#advise_cmd[@]}" -gt 0 ]; then
-  log "${advise_cmd[*]} --policy $POLICY (at $short_head)"
-  if "${advise_cmd[@]}" --policy "$scratch/head/$POLICY" --out "$OUT_DIR/advice" \
-    >"$advise_log" 2>&1; then
+  # the production trace a tuner proposal commits beside the policy, when the head has one
+  trace_args=()
+  head_trace="$scratch/head/$policy_dir/advise/production.csv"
+  if [ -f "$head_trace" ]; then trace_args=(--prod-trace "$head_trace"); fi
+  log "${advise_cmd[*]} --policy $POLICY ${trace_args[*]+${trace_args[*]}} (at $short_head)"
+  if "${advise_cmd[@]}" --policy "$scratch/head/$POLICY" ${trace_args[@]+"${trace_args[@]}"} \
+    --out "$OUT_DIR/advice" >"$advise_log" 2>&1; then
     front=$(grep -m 1 '^Front: ' "$OUT_DIR/advice/advise.md" || true)
   fi
   [ -n "$front" ] || front="Front: the sweep around the head policy did not finish (\`$advise_log\`)."

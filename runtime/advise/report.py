@@ -72,8 +72,11 @@ COLUMNS = (
 )
 
 
-def markdown(sweep: Sweep, rated: Sequence[Rated], pick: Rated | None) -> str:
-    """The sweep as a markdown page: the pick first, the table, what was not replayed."""
+def markdown(
+    sweep: Sweep, rated: Sequence[Rated], pick: Rated | None, *, plot_link: str = PLOT
+) -> str:
+    """The sweep as a markdown page: the pick first, the plot (``plot_link``: beside the
+    page, or a URL), the table, what was not replayed."""
     f = sweep.fixed
     lines = [
         "## gpupool advise",
@@ -82,7 +85,7 @@ def markdown(sweep: Sweep, rated: Sequence[Rated], pick: Rated | None) -> str:
         "",
         front_line(rated),
         "",
-        f"![harvest against production harm]({PLOT})",
+        f"![harvest against production harm]({plot_link})",
         "",
         f"Fixed topology on the current hardware: harvested {f.harvested_gpu_h:,.1f} GPU-h, "
         f"useful {f.useful_gpu_h:,.1f} GPU-h, production short {f.prod_short_gpu_h:,.2f} "

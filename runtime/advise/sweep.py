@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from policy import PolicyError, PoolPolicy, parse_policy
 from runtime.advise.levers import CURRENT, Variant
@@ -74,6 +74,33 @@ class _Pool(Protocol):
     def terminate(self) -> None: ...
 
     def join(self) -> None: ...
+
+
+def sweep_options(
+    prod_trace: str | None,
+    *,
+    flex_traces: Sequence[str] = (),
+    backlogs: Sequence[str] = (),
+    hours: float | None = None,
+    target: Literal["labels", "karpenter"] = "labels",
+) -> Options:
+    """What every replay of a sweep is asked: ``whatif``'s defaults but the traces, the
+    replay length and the target. Without flex traces or a backlog the replays take the
+    bundled request traces (``build_whatif``), as ``gpupool whatif`` does."""
+    return Options(
+        prod_trace,
+        tuple(flex_traces),
+        tuple(backlogs),
+        rate_scale=1.0,
+        hours=hours,
+        seed=0,
+        layout="policy",
+        fit_production=False,
+        production_rule="policy",
+        prod_target_utilization=0.6,
+        startup_s=300.0,
+        target=target,
+    )
 
 
 def variant_document(policy: PoolPolicy, edits: Sequence[ValueEdit]) -> dict[str, Any]:

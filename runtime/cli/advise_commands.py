@@ -13,12 +13,11 @@ from rich.progress import Progress as RichProgress
 
 from policy import load_policy
 from runtime.advise import folder, front, levers, recommended, report
-from runtime.advise.sweep import SweepError, run_sweep
+from runtime.advise.sweep import SweepError, run_sweep, sweep_options
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import ExampleOption
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.cli.whatif_commands import DOMAIN_ERRORS, ProdTraceOption, print_table
-from runtime.sim.options import Options
 from runtime.tuner.yamledit import YamlEditError
 
 console = Console(highlight=False)
@@ -90,19 +89,12 @@ def advise(
                 f"the sweep has {len(variants)} variants, over --max-variants {max_variants}; "
                 "vary fewer values or raise --max-variants"
             )
-        options = Options(
+        options = sweep_options(
             prod_trace,
-            tuple(flex_trace or ()),
-            tuple(backlog or ()),
-            1.0,
-            hours,
-            0,
-            "policy",
-            False,
-            "policy",
-            0.6,
-            300.0,
-            target,  # type: ignore[arg-type]
+            flex_traces=flex_trace or (),
+            backlogs=backlog or (),
+            hours=hours,
+            target=target,  # type: ignore[arg-type]
         )
         workers = jobs or os.cpu_count() or 1
         with RichProgress(console=console, transient=True, disable=not console.is_terminal) as bar:

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from policy import load_policy
 from policy.base import duration_seconds
+from policy.tuner import TRACE_MAX_STEPS
 from runtime.atomic_file import write_atomic
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import ExampleOption
@@ -20,8 +21,8 @@ from runtime.tuner.prometheus import TraceQueryError, connect, production_sample
 
 console = Console(highlight=False)
 
-MAX_SAMPLES = 100_000
-"""Steps one trace may hold (a week at 6 s, 69 days at a minute)."""
+MAX_SAMPLES = TRACE_MAX_STEPS
+"""Steps one trace may hold (the tuner's advise lever has the same bound)."""
 
 
 def production_trace(

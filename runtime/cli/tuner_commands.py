@@ -200,8 +200,8 @@ def tune(
             )
             for line in report.lines():
                 typer.echo(line)
-            if dry_run and report.body is not None and report.decision.proposal is not None:
-                typer.echo(f"\n# {report.decision.proposal.title}\n\n{report.body}")
+            if dry_run and report.body is not None and report.proposed is not None:
+                typer.echo(f"\n# {report.proposed[1]}\n\n{report.body}")
 
         if once:
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -15,15 +16,25 @@ from ruamel.yaml import YAML
 
 from infra.builders.nodepools import Target as NodePoolTarget
 from policy import PoolPolicy, parse_policy
+from runtime.advise import front, levers
+from runtime.advise import report as advise_report
+from runtime.advise.sweep import (
+    Sweep,
+    SweepError,
+    run_sweep,
+    sweep_options,
+    variant_document,
+)
 from runtime.atomic_file import write_atomic
-from runtime.tuner import compaction, forge, gitrepo, prtext, signals
-from runtime.tuner.decisions import CycleDecision, NoOp, apply_changes, decide
+from runtime.sim.traces import TraceError, demand_csv
+from runtime.tuner import advice, compaction, forge, gitrepo, prtext, signals
+from runtime.tuner.decisions import CycleDecision, NoOp, TunerState, apply_changes, decide
 from runtime.tuner.manifests import PolicyChange, manifest_diff, whatif_comparison
-from runtime.tuner.prometheus import fetch_snapshot
+from runtime.tuner.prometheus import TraceQueryError, fetch_snapshot, production_samples
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.state import load_state, save_state
-from runtime.tuner.yamledit import edit_scalars
+from runtime.tuner.yamledit import edit_scalars, edit_values
 from runtime.vllm import ModelConfigError, ModelSpec
 from runtime.vllm.model_spec import parse_model_config
 
@@ -80,6 +91,16 @@ class CycleReport:
     body_path: Path | None = None
     pr_url: str | None = None
     compaction_outcome: str | None = None
+    advice: str | None = None
+    """Title of the advise lever's proposal (the other fields describe it), if it made one."""
+
+    @property
+    def proposed(self) -> tuple[str, str] | None:
+        """(rule, title) of the cycle's proposal, a rule's or the advise lever's."""
+        if self.advice is not None:
+            return advice.RULE, self.advice
+        p = self.decision.proposal
+        return None if p is None else (p.rule, p.title)
 
     def lines(self) -> list[str]:
         out = [f"{n.rule}: {n.reason}" for n in self.decision.noops]
@@ -87,9 +108,9 @@ class CycleReport:
             out.append(
                 f"compaction request ({self.compaction_outcome}): {self.decision.compaction.reason}"
             )
-        p = self.decision.proposal
-        if p is not None:
-            out.append(f"proposal {p.rule} ({self.outcome}): {p.title}")
+        proposed = self.proposed
+        if proposed is not None:
+            out.append(f"proposal {proposed[0]} ({self.outcome}): {proposed[1]}")
             if self.branch:
                 out.append(
                     f"  branch {self.branch}" + (f" commit {self.commit}" if self.commit else "")
@@ -207,10 +228,170 @@ def run_cycle(
                     report, pr_url=_open_pr(target, forge_options, proposal.title, body, branch)
                 )
         metrics.proposals.labels(proposal.rule, report.outcome or "").inc()
+    elif policy.tuner.advise.enabled:
+        report, state = _advise(
+            _AdviseContext(client, target, policy, base_commit, base_text, at, dry_run),
+            report,
+            state,
+            settings=settings,
+            forge_options=forge_options,
+            metrics=metrics,
+        )
     if not dry_run:
         save_state(state_path, state)
     metrics.last_cycle.set(time.time())
     return report
+
+
+@dataclass(frozen=True)
+class _AdviseContext:
+    """What the advise lever reads of its cycle."""
+
+    client: PrometheusConnect
+    target: Target
+    policy: PoolPolicy
+    base_commit: str
+    base_text: str
+    at: float
+    dry_run: bool
+
+
+def _advise(
+    cx: _AdviseContext,
+    report: CycleReport,
+    state: TunerState,
+    *,
+    settings: TunerSettings,
+    forge_options: ForgeOptions | None,
+    metrics: TunerMetrics,
+) -> tuple[CycleReport, TunerState]:
+    """The advise lever, when due and no rule proposed: production's trace of the window,
+    a sweep on it, and the pick proposed when it changes the policy."""
+    lever, target, policy = cx.policy.tuner.advise, cx.target, cx.policy
+
+    def skip(noop: NoOp) -> CycleReport:
+        log.info("%s: %s", noop.rule, noop.reason)
+        if noop.fail_closed is not None:
+            metrics.fail_closed.labels(noop.rule, noop.fail_closed).inc()
+        decision = replace(report.decision, noops=(*report.decision.noops, noop))
+        return replace(report, decision=decision)
+
+    waiting = advice.due(lever, state, at=cx.at, cooldown_s=settings.cooldown_s)
+    if waiting is not None:
+        return skip(waiting), state
+    branch = advice.branch_name(cx.base_text)
+    if gitrepo.branch_exists(target.repo, branch):
+        reason = f"already proposed on {branch} for this policy; the next sweep waits for a change"
+        return skip(NoOp(advice.RULE, reason)), state
+    swept = _sweep_production(cx)
+    if isinstance(swept, NoOp):
+        return skip(swept), state
+    sweep, trace, samples = swept
+    state = replace(state, last_advise_at=cx.at)
+    rated = front.rate(sweep.points, sweep.fixed)
+    pick = advice.choose(front.recommend(rated))
+    if isinstance(pick, NoOp):
+        return skip(pick), state
+    edits = pick.point.variant.edits
+    source = f"{target.policy_path}@{cx.base_commit[:12]}"
+    new_text, new_document = edit_values(cx.base_text, edits)
+    after = parse_policy(new_document, f"{source} (advised)")
+    if after != parse_policy(
+        variant_document(policy, edits), f"{source} ({pick.point.variant.name})"
+    ):
+        raise RuntimeError(
+            f"{target.policy_path}: the edited file differs from the advised variant"
+        )
+    trace_path, plot_path = advice.artifact_paths(target.policy_path)
+    plot_link = plot_path
+    if forge_options is not None:
+        plot_link = forge.raw_file_url(
+            api_url=forge_options.api_url,
+            repository=forge_options.repository,
+            ref=branch,
+            path=plot_path,
+        )
+    change = PolicyChange(
+        target.repo, cx.base_commit, target.policy_path, policy, cx.base_text, new_text
+    )
+    title = advice.title(pick)
+    body = advice.pr_body(
+        sweep,
+        rated,
+        pick,
+        policy=policy,
+        policy_path=target.policy_path,
+        window=lever.window,
+        at=cx.at,
+        samples=samples,
+        plot_link=plot_link,
+        manifest_diff=manifest_diff(change, target=target.render_target),
+        vary=lever.vary,
+    )
+    report = replace(report, advice=title, branch=branch, body=body)
+    if cx.dry_run:
+        report = replace(report, outcome="dry_run")
+    else:
+        plot = advise_report.plot(sweep, rated, pick)
+        files = {
+            target.policy_path: new_text.encode("utf-8"),
+            trace_path: trace.encode("utf-8"),
+            plot_path: plot,
+        }
+        commit = gitrepo.commit_files_on_new_branch(
+            target.repo,
+            base=cx.base_commit,
+            branch=branch,
+            files=files,
+            message=f"{title}\n\n{body}",
+        )
+        stem = target.tuner_dir / "proposals" / branch.replace("/", "_")
+        write_atomic(stem.with_suffix(".md"), f"# {title}\n\n{body}")
+        write_atomic(stem.with_suffix(".csv"), trace)
+        stem.with_suffix(".png").write_bytes(plot)
+        report = replace(
+            report, outcome="created", commit=commit, body_path=stem.with_suffix(".md")
+        )
+        state = replace(state, last_proposal_at=cx.at, last_proposal_branch=branch)
+        if forge_options is not None:
+            report = replace(report, pr_url=_open_pr(target, forge_options, title, body, branch))
+    metrics.proposals.labels(advice.RULE, report.outcome or "").inc()
+    return report, state
+
+
+def _sweep_production(cx: _AdviseContext) -> tuple[Sweep, str, int] | NoOp:
+    """(the sweep, the trace's CSV, its samples) of the lever's variants on production's
+    trace of the window, the policy's folder as committed at the base; or why not."""
+    lever, target, policy = cx.policy.tuner.advise, cx.target, cx.policy
+    try:
+        variants = advice.variants(policy, lever)
+        samples = production_samples(
+            cx.client, policy, start=cx.at - lever.window_s, end=cx.at, step_s=lever.step_s
+        )
+        trace = demand_csv(samples, source=f"Prometheus ({lever.window} to {cx.at:.0f})")
+    except levers.LeverError as exc:
+        return NoOp(advice.RULE, f"{exc}; no sweep")
+    except (TraceQueryError, TraceError) as exc:
+        return NoOp(advice.RULE, f"fail closed: {exc}; no sweep", "trace")
+    policy_dir = str(PurePosixPath(target.policy_path).parent)
+    hours = (samples[-1][0] - samples[0][0] + lever.step_s) / 3600  # the whole window
+    with tempfile.TemporaryDirectory(prefix="gpupool-advise-") as scratch:
+        root = Path(scratch)
+        gitrepo.export_folder(target.repo, cx.base_commit, policy_dir, root)
+        (root / advice.TRACE).write_text(trace, encoding="utf-8")
+        options = sweep_options(str(root / advice.TRACE), hours=hours, target=target.render_target)
+        try:
+            sweep = run_sweep(
+                policy,
+                root / policy_dir,
+                variants,
+                options,
+                jobs=lever.jobs,
+                budget_s=lever.budget_s,
+            )
+        except SweepError as exc:
+            return NoOp(advice.RULE, f"{exc}; nothing proposed")
+    return sweep, trace, len(samples)
 
 
 def committed_models(target: Target, base_commit: str, policy: PoolPolicy) -> dict[str, ModelSpec]:

@@ -96,6 +96,8 @@ class TunerState:
     last_proposal_at: float | None = None
     last_proposal_branch: str | None = None
     last_compaction_at: float | None = None
+    last_advise_at: float | None = None
+    """When the advise lever last finished a sweep (``tuner.advise.every`` counts from it)."""
 
 
 @dataclass(frozen=True)

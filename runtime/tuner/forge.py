@@ -146,6 +146,21 @@ def build_pull_request(
     )
 
 
+def raw_file_url(*, api_url: str, repository: str, ref: str, path: str) -> str:
+    """Where a pull request's body can show ``path`` as committed on ``ref``: the web
+    host's ``/OWNER/NAME/raw/REF/PATH`` (github.com for ``api.github.com``, the host itself
+    for GitHub Enterprise Server's ``https://HOST/api/v3``). It serves private repositories
+    to the readers who may see them, which the bare raw-content host does not."""
+    root = urllib.parse.urlsplit(_api_root(api_url))
+    match = _REPOSITORY.fullmatch(repository)
+    if match is None or {match[1], match[2]} & {".", ".."}:
+        raise ValueError(f"expected --forge-repo as OWNER/NAME, found {repository!r}")
+    host = "github.com" if root.netloc == "api.github.com" else root.netloc
+    prefix = root.path.removesuffix("/api/v3")
+    where = urllib.parse.quote(f"{ref}/{path}", safe="/")
+    return f"{root.scheme}://{host}{prefix}/{match[1]}/{match[2]}/raw/{where}"
+
+
 def _positive(value: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"expected {what} as a positive integer, found {value!r}")

@@ -3,9 +3,12 @@ user's checkout, index and uncommitted work are never touched."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
+import tarfile
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 COMMITTER = ("gpupool-tuner", "gpupool-tuner@users.noreply.localhost")
@@ -81,7 +84,17 @@ def branch_exists(repo: Path, branch: str) -> bool:
 def commit_on_new_branch(
     repo: Path, *, base: str, branch: str, path: str, text: str, message: str
 ) -> str:
-    """Create ``branch`` at a new commit on ``base`` with ``path`` set to ``text``.
+    """Create ``branch`` at a new commit on ``base`` with ``path`` set to ``text``."""
+    return commit_files_on_new_branch(
+        repo, base=base, branch=branch, files={path: text.encode("utf-8")}, message=message
+    )
+
+
+def commit_files_on_new_branch(
+    repo: Path, *, base: str, branch: str, files: Mapping[str, bytes], message: str
+) -> str:
+    """Create ``branch`` at a new commit on ``base`` with each of ``files`` (path relative
+    to the repository root -> bytes) written.
 
     The commit is made on a detached temporary worktree and the branch is created last, in
     one ref update: a run killed half-way leaves no branch behind (only a worktree entry
@@ -93,8 +106,10 @@ def commit_on_new_branch(
         tree = Path(scratch) / "tree"
         git(repo, "worktree", "add", "--quiet", "--detach", str(tree), base)
         try:
-            (tree / path).write_text(text, encoding="utf-8")
-            git(tree, "add", "--", path)
+            for path, data in files.items():
+                (tree / path).parent.mkdir(parents=True, exist_ok=True)
+                (tree / path).write_bytes(data)
+            git(tree, "add", "--", *files)
             git(
                 tree,
                 "-c",
@@ -113,6 +128,21 @@ def commit_on_new_branch(
             git(repo, "worktree", "remove", "--force", str(tree))
     git(repo, "branch", branch, commit)
     return commit
+
+
+def export_folder(repo: Path, commit: str, folder: str, dest: Path) -> None:
+    """``folder`` of the repository as committed at ``commit``, written under ``dest``
+    (``git archive``; the work tree is never read)."""
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", commit, "--", folder],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        stderr = archive.stderr.decode("utf-8", "replace").strip()
+        raise GitError(f"git archive {commit} -- {folder} in {repo}: {stderr}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, filter="data")
 
 
 def push(repo: Path, remote: str, branch: str) -> None:

@@ -19,6 +19,14 @@ def branch_name(proposal: Proposal, *, base_text: str, new_text: str) -> str:
     return f"{BRANCH_PREFIX}{proposal.rule}-{digest}"
 
 
+def manifest_section(manifest_diff: str) -> list[str]:
+    """The body's "Rendered manifest diff" section (``gpupool diff`` of both policies)."""
+    lines = ["## Rendered manifest diff", ""]
+    if not manifest_diff.strip():
+        return [*lines, "_`gpupool diff`: no rendered object changes._"]
+    return [*lines, "```diff", manifest_diff.rstrip("\n"), "```"]
+
+
 def pr_body(
     proposal: Proposal,
     *,
@@ -65,13 +73,8 @@ def pr_body(
         "",
         "</details>",
         "",
-        "## Rendered manifest diff",
-        "",
+        *manifest_section(manifest_diff),
     ]
-    if not manifest_diff.strip():
-        lines.append("_`gpupool diff`: no rendered object changes._")
-    else:
-        lines += ["```diff", manifest_diff.rstrip("\n"), "```"]
     if whatif is not None:
         lines += ["", "## What-if", "", whatif.rstrip("\n")]
     lines += [

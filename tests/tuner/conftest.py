@@ -1,6 +1,6 @@
 """A Prometheus holding every tuner scenario (raw exporter series backfilled, the recording
 rules evaluated over them; one per test module), and a throw-away git repository holding a
-copy of the shipped policy."""
+copy of the shipped policy; a local stand-in for GitHub's REST API."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import github as github_replay
 from tests.harness.servers import REPO, Server
 from tests.tuner import scenarios
 
@@ -20,6 +21,13 @@ def scenario_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
     server = scenarios.build_prometheus(tmp_path_factory.mktemp("tuner-prometheus"))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def github() -> Iterator[github_replay.ReplayGitHub]:
+    """A local server standing in for GitHub's REST API (``tests.harness.github``)."""
+    with github_replay.serve() as replay:
+        yield replay
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -1,10 +1,9 @@
 """The policy check's pull-request comment: ``forge``'s comment builders and edge,
 ``gpupool pr-comment``, ``infra/ci/policy-check.sh`` and the GitHub Actions workflow.
 
-The API tests run against a local HTTP server (127.0.0.1, random port) that replays GitHub
-responses recorded in ``fixtures/github/`` (each file: the request it answers, the status,
-headers and body in GitHub's documented shape; ``{api}`` in a header is the server's URL)
-and records every request it receives.
+The API tests run against a local HTTP server (``tests.harness.github``, the ``github``
+fixture) that replays GitHub responses recorded in ``fixtures/github/`` and records every
+request it receives.
 
 Most script tests run the script with ``GPUPOOL_WHATIF`` pointing at a small stand-in that
 writes a markdown report (with its own marker line, as the real one does) and a plot, so they
@@ -14,16 +13,11 @@ whatif`` (a short replay of the bundled traces).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -31,98 +25,15 @@ from typer.testing import CliRunner, Result
 
 from runtime.cli.app import app
 from runtime.tuner import forge
+from tests.harness.github import ReplayGitHub
 from tests.harness.servers import REPO
 
-FIXTURES = Path(__file__).parent / "fixtures" / "github"
 SCRIPT = REPO / "infra" / "ci" / "policy-check.sh"
 WORKFLOW = REPO / "infra" / "ci" / "github-policy-check.yaml"
 REPOSITORY = "acme/gpupool-policy"
 TOKEN = "ghs_16C7e42F292c6912E7710c838347Ae178B4a"
 MARKED_ID = 2412399012  # the marked comment of list_comments_page2_marked.json
 CREATED_ID = 2412467790  # the comment of create_comment.json
-
-
-# --- the replaying server ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Received:
-    """One request the server received (header names in lower case: HTTP ignores case)."""
-
-    method: str
-    path: str
-    headers: Mapping[str, str]
-    body: object
-
-
-@dataclass
-class ReplayGitHub:
-    """Answers each ``METHOD PATH`` with the recorded fixture loaded for it."""
-
-    url: str = ""
-    routes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    received: list[Received] = field(default_factory=list)
-
-    def load(self, *names: str) -> ReplayGitHub:
-        self.routes.clear()
-        self.received.clear()
-        for name in names:
-            recorded = json.loads((FIXTURES / name).read_text(encoding="utf-8"))
-            self.routes[str(recorded["request"])] = recorded
-        return self
-
-    def calls(self) -> list[str]:
-        return [f"{r.method} {r.path}" for r in self.received]
-
-
-@pytest.fixture
-def github() -> Iterator[ReplayGitHub]:
-    replay = ReplayGitHub()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            replay.received.append(
-                Received(
-                    method=self.command,
-                    path=self.path,
-                    headers={k.lower(): v for k, v in self.headers.items()},
-                    body=json.loads(raw) if raw else None,
-                )
-            )
-            recorded = replay.routes.get(f"{self.command} {self.path}")
-            if recorded is None:
-                status, headers = 404, {"Content-Type": "application/json; charset=utf-8"}
-                body: object = {
-                    "message": "Not Found",
-                    "documentation_url": "https://docs.github.com/rest",
-                    "status": "404",
-                }
-            else:
-                status, headers = int(recorded["status"]), dict(recorded["headers"])
-                body = recorded["body"]
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            for name, value in headers.items():
-                self.send_header(name, str(value).replace("{api}", replay.url))
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = do_PATCH = _answer
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    replay.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield replay
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
 
 
 # --- (a) pure builders -----------------------------------------------------------------
@@ -414,12 +325,12 @@ printf '<svg xmlns="http://www.w3.org/2000/svg"/>\\n' >"$plots/utilization.svg"
 """
 
 ADVISE_STAND_IN = """#!/bin/sh
-# stand-in for: gpupool advise --policy FILE --out DIR
+# stand-in for: gpupool advise --policy FILE [--prod-trace FILE] --out DIR
 set -eu
 printf '%s\\n' "$*" >>"$ADVISE_CALLS"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --policy) policy=$2 ;; --out) out=$2 ;;
+    --policy) policy=$2 ;; --out) out=$2 ;; --prod-trace) test -f "$2" ;;
     *) echo "stand-in: unexpected $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -550,6 +461,26 @@ def test_script_posts_the_replay_and_the_diff(
     assert run.stdout == (
         f"created https://github.com/acme/gpupool-policy/pull/42#issuecomment-{CREATED_ID}\n"
     )
+
+
+def test_the_sweep_replays_the_trace_a_tuner_proposal_commits(
+    policy_repo: Path, tmp_path: Path, github: ReplayGitHub
+) -> None:
+    """A head with ``advise/production.csv`` beside the policy (what the tuner's advise lever
+    commits): the check's sweep replays that production, not the bundled sample."""
+    base = _git(policy_repo, "rev-parse", "HEAD")
+    (policy_repo / "policy" / "advise").mkdir()
+    (policy_repo / "policy" / "advise" / "production.csv").write_text(
+        "timestamp,gpus_demanded,duty_cycle\n0,16,0.8\n60,16,0.8\n"
+    )
+    _git(policy_repo, "add", "policy/advise")
+    head = _commit_policy(policy_repo, "reserve_ratio: 0.20", "reserve_ratio: 0.05")
+    run, _ = _run_script(policy_repo, tmp_path, github, BASE_REF=base, HEAD_REF=head)
+    assert run.returncode == 0, run.stderr
+    advised = (tmp_path / "advise-calls.txt").read_text().split()
+    assert advised[2] == "--prod-trace"
+    assert advised[3].endswith("/head/policy/advise/production.csv")
+    assert advised[4:] == ["--out", "build/whatif/advice"]
 
 
 @pytest.mark.slow
