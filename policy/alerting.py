@@ -288,6 +288,18 @@ class SecretRef(StrictModel):
     key: SecretKey
     """Key inside the Secret's ``data``."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _not_the_credential(cls, value: object) -> object:
+        """A pasted credential is refused without echoing it (errors reach CI logs)."""
+        if not isinstance(value, dict):
+            raise ValueError(
+                "expected a Secret reference {name: <Secret>, key: <key>}, found a "
+                f"{type(value).__name__}: never the credential itself, which would be "
+                "committed with the policy (docs/alerts.md, Receivers)"
+            )
+        return value
+
     def file(self, secrets_dir: str) -> str:
         """The file Alertmanager reads the credential from."""
         return f"{secrets_dir}/{self.name}/{self.key}"
@@ -301,8 +313,9 @@ def _check_webhook_url(value: str) -> str:
     """An http(s) URL without a user part: a password in a URL would land in Git."""
     if "@" in value.partition("://")[2].partition("/")[0]:
         raise ValueError(
-            "expected a URL without user:password@ (it would be committed with the policy); "
-            f"put the credential in a Secret and name it in authorization, found {value!r}"
+            "expected a URL without user:password@, found one with a user part (not repeated "
+            "here): it would be committed with the policy; put the credential in a Secret and "
+            "name it in authorization"
         )
     return check_http_url(value)
 

@@ -37,7 +37,8 @@ CRD_FILES = {
     "inference.networking.x-k8s.io_inferenceobjectives.yaml",
     "InferenceObjective@llm-d.ai": "llm-d-router/v0.10.0/llm-d.ai_inferenceobjectives.yaml",
     "HTTPRoute": "gateway-api/v1.6.1/gateway.networking.k8s.io_httproutes.yaml",
-    "AlertmanagerConfig": "prometheus-operator/v0.93.0/monitoring.coreos.com_alertmanagerconfigs.yaml",
+    "AlertmanagerConfig": "prometheus-operator/v0.93.0/"
+    "monitoring.coreos.com_alertmanagerconfigs.yaml",
 }
 """Kind (and, where two CRDs define it, group) -> the CRD file that defines it."""
 
