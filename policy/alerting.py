@@ -364,6 +364,7 @@ class SlackReceiver(_Receiver):
     """Slack incoming webhook: its URL is the credential, so it comes from a Secret."""
 
     type: Literal["slack"]
+    """Selects this receiver kind (Slack)."""
     api_url: SecretRef
     """Secret key holding the incoming-webhook URL (``https://hooks.slack.com/services/...``)."""
     channel: SlackChannel | None = None
@@ -374,6 +375,7 @@ class PagerDutyReceiver(_Receiver):
     """PagerDuty Events API v2; the alert's ``severity`` becomes the event's severity."""
 
     type: Literal["pagerduty"]
+    """Selects this receiver kind (PagerDuty)."""
     routing_key: SecretRef
     """Secret key holding the integration key of an Events API v2 integration."""
     url: HttpUrlText | None = None
@@ -386,6 +388,7 @@ class EmailReceiver(_Receiver):
     """Email over SMTP; the password (if the server wants one) comes from a Secret."""
 
     type: Literal["email"]
+    """Selects this receiver kind (email)."""
     to: list[EmailAddress] = Field(min_length=1)
     """Recipients."""
     from_: EmailAddress = Field(alias="from")
@@ -416,6 +419,7 @@ class OpsgenieReceiver(_Receiver):
     """Opsgenie alerts API; the API key comes from a Secret."""
 
     type: Literal["opsgenie"]
+    """Selects this receiver kind (Opsgenie)."""
     api_key: SecretRef
     """Secret key holding the API key of an Opsgenie API integration."""
     api_url: HttpUrlText | None = None
@@ -427,6 +431,7 @@ class WebhookReceiver(_Receiver):
     """Alertmanager's webhook (payload version 4) to a URL that is not itself a secret."""
 
     type: Literal["webhook"]
+    """Selects this receiver kind (webhook)."""
     url: WebhookUrl
     """Where Alertmanager POSTs notifications; no credential in it (no ``user:password@``)."""
     authorization: SecretRef | None = None
