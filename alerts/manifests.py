@@ -2,7 +2,7 @@
 
 - ``PrometheusRule`` (monitoring.coreos.com/v1): the recording rules (catalogue) and alerts.
 - ``AlertmanagerConfig`` (monitoring.coreos.com/v1alpha1) ``gpupool`` in
-  ``metrics.alertmanager_namespace``: gpupool's routes and receivers, which the operator adds
+  ``network.alertmanager_namespace``: gpupool's routes and receivers, which the operator adds
   to the cluster's Alertmanager configuration instead of replacing it; credentials are
   references to Secrets in that namespace, never values (``alerts.routing``).
 - ``ConfigMap`` labelled ``grafana_dashboard: "1"`` holding the dashboard JSON.
@@ -48,7 +48,7 @@ def monitoring_objects(policy: PoolPolicy) -> list[dict[str, Any]]:
             "kind": "AlertmanagerConfig",
             "metadata": _metadata(
                 "gpupool",
-                policy.metrics.alertmanager_namespace,
+                policy.network.alertmanager_home,
                 policy.metrics.alertmanager_config_labels,
             ),
             "spec": alertmanager_config_object(policy),

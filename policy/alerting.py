@@ -279,7 +279,7 @@ GroupByLabel = Annotated[str, AfterValidator(_check_group_by)]
 class SecretRef(StrictModel):
     """A key of a Kubernetes Secret that holds a credential: the policy names it, never holds
     it. The AlertmanagerConfig passes it on as a ``SecretKeySelector`` (the Secret lives in
-    ``metrics.alertmanager_namespace``); the plain ``alertmanager.yml`` reads it as the file
+    ``network.alertmanager_namespace``); the plain ``alertmanager.yml`` reads it as the file
     ``<tuner.alertmanager_secrets_dir>/<name>/<key>`` (the layout of the Alertmanager
     resource's ``spec.secrets`` mounts)."""
 

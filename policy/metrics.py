@@ -17,7 +17,6 @@ from policy.base import (
     Invariants,
     LabelKey,
     LabelValue,
-    NamespaceName,
     PrometheusLabel,
     StrictModel,
     duration_seconds,
@@ -124,12 +123,6 @@ class MetricSources(StrictModel):
     pods whose node object is already gone, after the disruption the other reasons (or the
     node's failure) already caused; add it to count orphaned pods of vanished nodes too.
     Before v2.20 the series does not exist and this list selects nothing."""
-    alertmanager_namespace: NamespaceName = "monitoring"
-    """Namespace of the cluster's Alertmanager (prometheus-operator). gpupool's
-    ``AlertmanagerConfig`` is rendered here, so the operator adds its routes to that
-    Alertmanager's configuration (with ``alertmanagerConfigMatcherStrategy``
-    ``OnNamespaceExceptForAlertmanagerNamespace`` or ``None``, docs/alerts.md); the Secrets
-    the receivers name must live here too."""
     alertmanager_config_labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     """Labels put on the ``AlertmanagerConfig`` so the Alertmanager's
     ``alertmanagerConfigSelector`` picks it up (kube-prometheus-stack: ``release: <helm

@@ -24,7 +24,7 @@ RENAMED_FIELDS: dict[tuple[str, ...], str] = {
     ),
     ("metrics", "alertmanager_secret"): (
         "removed: gpupool no longer replaces the Alertmanager's configuration Secret; it "
-        "renders an AlertmanagerConfig in metrics.alertmanager_namespace that adds its routes "
+        "renders an AlertmanagerConfig in network.alertmanager_namespace that adds its routes "
         "(docs/alerts.md); delete the line"
     ),
 }

@@ -163,7 +163,7 @@ class Tuner(StrictModel):
     webhook_token_secret: DnsLabel = "gpupool-tuner-webhook"
     """Secret holding the webhook bearer token, in ``cluster.system_namespace`` (the tuner
     reads it as a mounted file, ``--token-file``) and, with the same value, in
-    ``metrics.alertmanager_namespace`` (the AlertmanagerConfig's tuner receiver names it
+    ``network.alertmanager_namespace`` (the AlertmanagerConfig's tuner receiver names it
     there; a plain ``alertmanager.yml`` reads it as a file of ``spec.secrets``)."""
     webhook_token_key: SecretKey = "token"
     """Key of the token inside ``webhook_token_secret``."""

@@ -184,7 +184,7 @@ def test_monitoring_objects_are_valid_kubernetes(test_policy: PoolPolicy) -> Non
     }
     for key, obj in objects.items():
         namespace = (
-            test_policy.metrics.alertmanager_namespace
+            test_policy.network.alertmanager_home
             if obj["kind"] == "AlertmanagerConfig"
             else test_policy.cluster.system_namespace
         )

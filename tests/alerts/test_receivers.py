@@ -105,7 +105,7 @@ def test_the_alertmanager_config_is_valid_for_its_crd(every_type: PoolPolicy) ->
     route_schema = crd.schema["properties"]["spec"]["properties"]["route"]
     for child in config["spec"]["route"]["routes"]:
         assert list(type(crd)(route_schema).iter_errors(child)) == []
-    assert config["metadata"]["namespace"] == every_type.metrics.alertmanager_namespace
+    assert config["metadata"]["namespace"] == every_type.network.alertmanager_home
 
 
 def test_credentials_are_secret_references_in_the_alertmanager_namespace(
