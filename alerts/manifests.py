@@ -1,11 +1,10 @@
 """Kubernetes objects that install gpupool's monitoring: what the Pulumi program declares.
 
 - ``PrometheusRule`` (monitoring.coreos.com/v1): the recording rules (catalogue) and alerts.
-- ``Secret`` ``alertmanager-main`` (policy.metrics.alertmanager_secret), key
-  ``alertmanager.yaml``: the complete Alertmanager configuration, which the Prometheus
-  operator loads for the Alertmanager of that name. A Secret (not an ``AlertmanagerConfig``
-  CRD) because the CRD forces a ``namespace`` matcher onto every route, which would drop the
-  cluster-wide alerts, and because the same file is what ``amtool`` checks in the tests.
+- ``AlertmanagerConfig`` (monitoring.coreos.com/v1alpha1) ``gpupool`` in
+  ``network.alertmanager_namespace``: gpupool's routes and receivers, which the operator adds
+  to the cluster's Alertmanager configuration instead of replacing it; credentials are
+  references to Secrets in that namespace, never values (``alerts.routing``).
 - ``ConfigMap`` labelled ``grafana_dashboard: "1"`` holding the dashboard JSON.
 
 The prometheus-adapter rules are NOT an object here: the cluster's one adapter reads one
@@ -20,42 +19,44 @@ from typing import Any
 
 from alerts.bundle import all_groups
 from alerts.dashboard import dashboard
-from alerts.routing import alertmanager_config
-from infra.yaml_text import to_yaml
+from alerts.routing import alertmanager_config_object
 from policy.pool import PoolPolicy
 
 
-def _metadata(policy: PoolPolicy, name: str, extra: dict[str, str] | None = None) -> dict[str, Any]:
-    labels = {"app.kubernetes.io/part-of": "gpupool", **policy.metrics.rule_selector_labels}
+def _metadata(
+    name: str, namespace: str, labels: dict[str, str], extra: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "name": name,
-        "namespace": policy.cluster.system_namespace,
-        "labels": {**labels, **(extra or {})},
+        "namespace": namespace,
+        "labels": {"app.kubernetes.io/part-of": "gpupool", **labels, **(extra or {})},
     }
 
 
 def monitoring_objects(policy: PoolPolicy) -> list[dict[str, Any]]:
-    """PrometheusRule, Alertmanager config Secret, dashboard ConfigMap."""
+    """PrometheusRule, AlertmanagerConfig, dashboard ConfigMap."""
+    system, rules = policy.cluster.system_namespace, policy.metrics.rule_selector_labels
     return [
         {
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PrometheusRule",
-            "metadata": _metadata(policy, "gpupool"),
+            "metadata": _metadata("gpupool", system, rules),
             "spec": {"groups": all_groups(policy)},
         },
         {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": _metadata(policy, policy.metrics.alertmanager_secret),
-            "type": "Opaque",
-            "stringData": {
-                "alertmanager.yaml": to_yaml(alertmanager_config(policy), sort_keys=False)
-            },
+            "apiVersion": "monitoring.coreos.com/v1alpha1",
+            "kind": "AlertmanagerConfig",
+            "metadata": _metadata(
+                "gpupool",
+                policy.network.alertmanager_home,
+                policy.metrics.alertmanager_config_labels,
+            ),
+            "spec": alertmanager_config_object(policy),
         },
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": _metadata(policy, "gpupool-dashboard", {"grafana_dashboard": "1"}),
+            "metadata": _metadata("gpupool-dashboard", system, rules, {"grafana_dashboard": "1"}),
             "data": {"gpupool.json": json.dumps(dashboard(policy), indent=2, sort_keys=True)},
         },
     ]

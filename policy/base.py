@@ -358,7 +358,9 @@ def check_absolute_path(value: str) -> str:
 AbsolutePath = Annotated[str, AfterValidator(check_absolute_path)]
 """An absolute container path of portable segments, without ``.``/``..`` or a trailing ``/``."""
 
-_HOST = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+HOST_PATTERN = (
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+)
 """A host name or IPv4 address (no user part, no IPv6 literal)."""
 
 URL_PATH_CHARS = r"[A-Za-z0-9._~%+/-]"
@@ -366,7 +368,8 @@ URL_PATH_CHARS = r"[A-Za-z0-9._~%+/-]"
 ``/`` (no quotes, spaces, ``$``, ``;`` or ``#``: the URLs reach argv, YAML and PromQL labels)."""
 
 _HTTP_URL = re.compile(
-    rf"https?://(?P<host>{_HOST})(?::(?P<port>[0-9]{{1,5}}))?(?:/{URL_PATH_CHARS}*)?", re.ASCII
+    rf"https?://(?P<host>{HOST_PATTERN})(?::(?P<port>[0-9]{{1,5}}))?(?:/{URL_PATH_CHARS}*)?",
+    re.ASCII,
 )
 
 

@@ -13,7 +13,6 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, model_validator
 
 from policy.base import (
-    DnsSubdomain,
     Duration,
     Invariants,
     LabelKey,
@@ -124,9 +123,10 @@ class MetricSources(StrictModel):
     pods whose node object is already gone, after the disruption the other reasons (or the
     node's failure) already caused; add it to count orphaned pods of vanished nodes too.
     Before v2.20 the series does not exist and this list selects nothing."""
-    alertmanager_secret: DnsSubdomain = "alertmanager-main"
-    """Secret the Prometheus operator reads the Alertmanager configuration from
-    (``alertmanager-<Alertmanager name>``, key ``alertmanager.yaml``)."""
+    alertmanager_config_labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    """Labels put on the ``AlertmanagerConfig`` so the Alertmanager's
+    ``alertmanagerConfigSelector`` picks it up (kube-prometheus-stack: ``release: <helm
+    release>``, or whatever ``alertmanagerConfigSelector`` says)."""
     rule_selector_labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     """Labels put on the PrometheusRule and dashboard so the operator's ``ruleSelector`` picks
     them up (kube-prometheus-stack: ``release: <helm release>``)."""

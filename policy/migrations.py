@@ -22,6 +22,11 @@ RENAMED_FIELDS: dict[tuple[str, ...], str] = {
         "renamed kv_cache.compaction_sidecar_port: the port of the compaction sidecar "
         '("worker" now means vLLM\'s worker process only)'
     ),
+    ("metrics", "alertmanager_secret"): (
+        "removed: gpupool no longer replaces the Alertmanager's configuration Secret; it "
+        "renders an AlertmanagerConfig in network.alertmanager_namespace that adds its routes "
+        "(docs/alerts.md); delete the line"
+    ),
 }
 """Fields of older policies and what replaced them; the loader reports these instead of
 "unknown field" (docs/policy.md "Migrating from 0.1")."""

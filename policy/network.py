@@ -24,12 +24,21 @@ class Network(StrictModel):
     )
     """Labels of the Prometheus pods that scrape the flex pods and the tuner."""
     alertmanager_namespace: DnsLabel | None = None
-    """Namespace of the Alertmanager that posts to the tuner. Unset: ``cluster.system_namespace``,
-    where the bundle puts that Alertmanager's configuration Secret (docs/tuner.md)."""
+    """Namespace of the cluster's Alertmanager (prometheus-operator): its pods post to the
+    tuner, gpupool's ``AlertmanagerConfig`` is rendered there (so the operator adds its routes
+    under ``alertmanagerConfigMatcherStrategy`` ``OnNamespaceExceptForAlertmanagerNamespace``
+    or ``None``, docs/alerts.md) and the Secrets its receivers name must live there. Unset:
+    ``monitoring_namespace`` (kube-prometheus-stack runs both in one namespace)."""
     alertmanager_pod_labels: dict[LabelKey, LabelValue] = Field(
         default_factory=lambda: {"app.kubernetes.io/name": "alertmanager"}, min_length=1
     )
     """Labels of the Alertmanager pods that post webhooks to the tuner."""
+
+    @property
+    def alertmanager_home(self) -> str:
+        """``alertmanager_namespace``, or ``monitoring_namespace`` when unset."""
+        return self.alertmanager_namespace or self.monitoring_namespace
+
     flex_client_namespaces: list[DnsLabel] = Field(default_factory=list)
     """Namespaces whose pods may send requests to the flex vLLM servers (your gateway or
     router), besides the flex namespace itself. Empty: only pods in the flex namespace."""

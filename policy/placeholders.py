@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from policy.alerting import WebhookReceiver
+
 if TYPE_CHECKING:
     from policy.pool import PoolPolicy
 
@@ -33,8 +35,9 @@ def placeholder_warnings(policy: PoolPolicy) -> list[tuple[str, str]]:
         ("tuner.policy_repo_url", policy.tuner.policy_repo_url, "your policy repository's URL"),
     ]
     fields += [
-        (f"alerting.routing.receivers.{i}.webhook_url", str(r.webhook_url), "your receiver")
+        (f"alerting.routing.receivers.{i}.url", r.url, "your receiver")
         for i, r in enumerate(policy.alerting.routing.receivers)
+        if isinstance(r, WebhookReceiver)
     ]
     return [
         (

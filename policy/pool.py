@@ -252,8 +252,7 @@ class PoolPolicy(StrictModel):
         )
 
     def _check_names(self, found: Invariants) -> None:
-        """Names two objects would share: the namespaces, a node in two pools, and a Secret
-        gpupool renders (the Alertmanager configuration) that a referenced one would replace.
+        """Names two objects would share: the namespaces and a node in two pools.
 
         Names derived from workloads (``<name>-kv-compaction``, ...) are checked against the
         rendered objects by ``infra.inputs``, which knows the builders."""
@@ -276,15 +275,6 @@ class PoolPolicy(StrictModel):
                     f"node {node!r} is listed {where}: its label and taint have one value, so "
                     "a node belongs to exactly one pool; expected each node once",
                 )
-        rendered = self.metrics.alertmanager_secret
-        for field, secret in self.tuner.referenced_secrets().items():
-            found.require(
-                secret != rendered,
-                f"tuner.{field}",
-                f"Secret {secret!r} is also the Alertmanager configuration Secret gpupool "
-                f"renders in {cluster.system_namespace!r} (metrics.alertmanager_secret), which "
-                "would replace it; expected another name",
-            )
 
     def warnings(self) -> list[tuple[str, str]]:
         """``(field path, message)`` for what is valid but probably not meant (never errors).

@@ -238,14 +238,16 @@ class Tuner(StrictModel):
     """The tuner Deployment's repository, forge and Secret references."""
 
     webhook_token_secret: DnsLabel = "gpupool-tuner-webhook"
-    """Secret (in ``cluster.system_namespace``) holding the webhook bearer token: the tuner
-    reads it as a mounted file (``--token-file``), Alertmanager as its receiver's
-    ``credentials_file`` (list it in the Alertmanager resource's ``spec.secrets``)."""
+    """Secret holding the webhook bearer token, in ``cluster.system_namespace`` (the tuner
+    reads it as a mounted file, ``--token-file``) and, with the same value, in
+    ``network.alertmanager_namespace`` (the AlertmanagerConfig's tuner receiver names it
+    there; a plain ``alertmanager.yml`` reads it as a file of ``spec.secrets``)."""
     webhook_token_key: SecretKey = "token"
     """Key of the token inside ``webhook_token_secret``."""
     alertmanager_secrets_dir: AbsolutePath = "/etc/alertmanager/secrets"
     """Where Alertmanager sees the Secrets of its ``spec.secrets`` (prometheus-operator mounts
-    each at ``<dir>/<secret>/<key>``); the tuner receiver's ``credentials_file`` lives here."""
+    each at ``<dir>/<secret>/<key>``): every credential file of the plain ``alertmanager.yml``
+    (the tuner receiver's ``credentials_file``, the receivers' ``*_file``) lives here."""
     policy_repo_url: RepoUrl
     """Your policy repository (the one holding this file); cloned into the tuner's volume at
     pod start. No default: only you know it. One of the transports gpupool allows:

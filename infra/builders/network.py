@@ -92,7 +92,7 @@ def tuner_network_policy(policy: PoolPolicy) -> Manifest:
         selector_labels(TUNER_SERVICE_ACCOUNT),
     )
     network = policy.network
-    alertmanager = network.alertmanager_namespace or policy.cluster.system_namespace
+    alertmanager = network.alertmanager_home
     peers = [_pods(alertmanager, network.alertmanager_pod_labels), _prometheus(policy)]
     out["spec"]["ingress"] = [_rule(peers, TUNER_PORT)]
     return out

@@ -18,15 +18,20 @@ FAST_POLICY = Path(__file__).with_name("fast_policy.yaml")
 
 
 def fast_policy(
-    webhook_url: str, *, tuner: dict[str, Any] | None = None, **metrics: Any
+    webhook_url: str,
+    *,
+    tuner: dict[str, Any] | None = None,
+    routing: dict[str, Any] | None = None,
+    **metrics: Any,
 ) -> PoolPolicy:
     """The second-scale policy of the real-server tests, receivers at ``webhook_url``;
     ``tuner`` sets fields of the policy's ``tuner`` section (e.g. where Alertmanager finds
-    Secrets)."""
+    Secrets), ``routing`` those of ``alerting.routing`` (other receivers)."""
     document = YAML(typ="safe").load(FAST_POLICY.read_text().replace("{webhook}", webhook_url))
     document["metrics"].update(metrics)
     if tuner is not None:
         document["tuner"] = {**document["tuner"], **tuner}
+    document["alerting"]["routing"].update(routing or {})
     return parse_policy(document, str(FAST_POLICY))
 
 

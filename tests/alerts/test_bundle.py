@@ -179,15 +179,20 @@ def test_monitoring_objects_are_valid_kubernetes(test_policy: PoolPolicy) -> Non
     objects = {o["kind"] + "/" + o["metadata"]["name"]: o for o in monitoring_objects(test_policy)}
     assert set(objects) == {
         "PrometheusRule/gpupool",
-        "Secret/alertmanager-main",
+        "AlertmanagerConfig/gpupool",
         "ConfigMap/gpupool-dashboard",
     }
     for key, obj in objects.items():
-        assert obj["metadata"]["namespace"] == test_policy.cluster.system_namespace
+        namespace = (
+            test_policy.network.alertmanager_home
+            if obj["kind"] == "AlertmanagerConfig"
+            else test_policy.cluster.system_namespace
+        )
+        assert obj["metadata"]["namespace"] == namespace
         if obj["apiVersion"] == "v1":
             kubernetes_validate.validate(obj, "1.30.0", strict=True)
         else:
-            assert obj["apiVersion"] == "monitoring.coreos.com/v1", key
+            assert obj["apiVersion"].startswith("monitoring.coreos.com/v1"), key
     rule = objects["PrometheusRule/gpupool"]
     assert rule["spec"]["groups"] == all_groups(test_policy)
     dashboard = objects["ConfigMap/gpupool-dashboard"]

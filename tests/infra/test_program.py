@@ -167,7 +167,7 @@ def check_registered_equals_bundle(policy: PoolPolicy, target: str) -> None:
             {k: v for k, v in registered[key].items() if k not in ("apiVersion", "kind")}
         )
         assert got == fields, key
-        # pulumi-kubernetes keeps Secret payloads (Alertmanager webhook URLs) out of plain state
+        # pulumi-kubernetes keeps Secret payloads out of plain state
         assert secret == (obj["kind"] == "Secret"), key
 
 

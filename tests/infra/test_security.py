@@ -213,7 +213,7 @@ def test_every_open_port_admits_only_its_clients(policy: PoolPolicy) -> None:
     policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
     prometheus = (policy.network.monitoring_namespace, policy.network.prometheus_pod_labels)
     alertmanager = (
-        policy.network.alertmanager_namespace or policy.cluster.system_namespace,
+        policy.network.alertmanager_home,
         policy.network.alertmanager_pod_labels,
     )
     tuner_pod = _pods(objs)["gpupool-tuner"]["metadata"]["labels"]

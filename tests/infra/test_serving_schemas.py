@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 import pytest
 from ruamel.yaml import YAML
+from ruamel.yaml.constructor import SafeConstructor
 
 from infra.builders.meta import Manifest
 from infra.builders.serving import OBJECTIVE_APIS, ObjectiveApi, ServingOptions
@@ -36,6 +37,8 @@ CRD_FILES = {
     "inference.networking.x-k8s.io_inferenceobjectives.yaml",
     "InferenceObjective@llm-d.ai": "llm-d-router/v0.10.0/llm-d.ai_inferenceobjectives.yaml",
     "HTTPRoute": "gateway-api/v1.6.1/gateway.networking.k8s.io_httproutes.yaml",
+    "AlertmanagerConfig": "prometheus-operator/v0.93.0/"
+    "monitoring.coreos.com_alertmanagerconfigs.yaml",
 }
 """Kind (and, where two CRDs define it, group) -> the CRD file that defines it."""
 
@@ -44,13 +47,27 @@ CRD_GROUPS = ("inference.networking.", "gateway.networking.", "llm-d.ai/")
 kubernetes-validate)."""
 
 
+class _CrdConstructor(SafeConstructor):
+    """YAML 1.1's ``=`` is the ``value`` tag, which safe loaders refuse; prometheus-operator's
+    ``matchType`` enums list it unquoted, so it is read as the string it is there."""
+
+
+_CrdConstructor.add_constructor("tag:yaml.org,2002:value", SafeConstructor.construct_yaml_str)
+
+
+def _crd_yaml() -> YAML:
+    yaml = YAML(typ="safe", pure=True)
+    yaml.Constructor = _CrdConstructor
+    return yaml
+
+
 @functools.cache
 def crd_validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
     """The closed openAPIV3Schema of ``kind`` at ``api_version``, from its vendored CRD; the
     version must be one the CRD serves."""
     group, version = api_version.split("/")
     key = kind if kind in CRD_FILES else f"{kind}@{group}"
-    crd: Any = YAML(typ="safe").load((CRDS / CRD_FILES[key]).read_text())
+    crd: Any = _crd_yaml().load((CRDS / CRD_FILES[key]).read_text())
     assert (crd["spec"]["group"], crd["spec"]["names"]["kind"]) == (group, kind)
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
     schema = _closed(served["schema"]["openAPIV3Schema"])

@@ -49,7 +49,7 @@ NAMES: dict[str, Callable[[Any], bool]] = {
     "node_pools.0.nodes.0": h.is_subdomain,
     "node_pools.1.karpenter.node_class": h.is_subdomain,
     "priorities.production.name": h.is_subdomain,
-    "metrics.alertmanager_secret": h.is_subdomain,
+    "network.alertmanager_namespace": h.is_dns_label,
     "tuner.webhook_token_secret": h.is_subdomain,
 }
 """Fields that name a Kubernetes object, and the API server's rule for that object."""

@@ -273,12 +273,6 @@ CASES: list[tuple[str, Edit, str, list[str]]] = [
         ["(1)", "expected pdb_min_available below 1", "best-effort"],
     ),
     (
-        "referenced-secret-is-the-rendered-one",
-        _set(tuner__webhook_token_secret="alertmanager-main"),
-        "tuner.webhook_token_secret",
-        ["'alertmanager-main'", "metrics.alertmanager_secret", "expected another name"],
-    ),
-    (
         "snapshot-mounted-over-the-cache",
         _set(
             workloads__0__snapshot_volume__mount_path="/var/lib/gpupool/cache",

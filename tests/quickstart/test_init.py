@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from policy import load_policy
+from policy.alerting import WebhookReceiver
 from runtime.cli import init_commands
 from runtime.cli.app import app
 from runtime.init.catalog import MODELS, find_gpu
@@ -88,7 +89,7 @@ def test_init_writes_a_policy_that_validates_renders_and_replays(
     repo = tmp_path / "gpu-policy"
     out = _init(repo, *CLUSTERS[cluster])
     text = (repo / "policy/pool.yaml").read_text()
-    assert len(text.splitlines()) <= 60  # short: about 40 lines and their comments
+    assert len(text.splitlines()) <= 61  # short: about 40 lines and their comments
     assert "policy/pool.yaml: ok (2 node pools, 1 flex workloads)" in out
     next_commands = out[out.index("Next") :].splitlines()[1:]
     assert [line.split("#")[0].strip() for line in next_commands] == [
@@ -148,7 +149,7 @@ def test_init_sizes_the_flex_replica_and_names_what_is_left_to_fill(tmp_path: Pa
     assert [p.max_replicas for p in policy.production] == [2, 16]  # the prod pool, split
     todo = [line for line in out.splitlines() if ": warning: " in line]
     assert [line.split(": warning: ")[1].split(":")[0] for line in todo] == [
-        "alerting.routing.receivers.0.webhook_url",
+        "alerting.routing.receivers.0.url",
         "tuner.policy_repo_url",
     ]
     assert "gated" in out  # Llama: hf_token_secret, commented in the file
@@ -261,8 +262,8 @@ def test_on_a_terminal_init_asks_what_the_flags_leave_out(
     policy = load_policy(tmp_path / "policy/pool.yaml")
     assert policy.cluster.name == "acme-gpu"
     assert policy.cluster.runtime_image == "registry.acme.test/gpupool:0.1.0"
-    assert (
-        str(policy.alerting.routing.receivers[0].webhook_url) == "https://hooks.acme.test/gpupool"
+    assert policy.alerting.routing.receivers[0] == WebhookReceiver(
+        name="platform", type="webhook", url="https://hooks.acme.test/gpupool"
     )
     assert (policy.prod_pool.max_nodes, policy.flex_pools[0].max_nodes) == (6, 3)
     assert policy.workloads[0].model == "mistralai/Mistral-7B-Instruct-v0.3"

@@ -173,7 +173,7 @@ def test_commands_read_the_repository_policy_not_the_example(
         .replace("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct")
         .replace("models/llama-3.1-8b-instruct.json", "models/qwen2.5-7b-instruct.json")
         .replace("max_model_len: 8192", "max_model_len: 4096")
-        .replace("http://alert-relay.monitoring.svc:8080/platform", "http://pager.acme.test/p")
+        .replace("http://gpupool-tuner.gpupool-system.svc:9095/alerts", "http://pager.acme.test/p")
     )
     (policy / "pool.yaml").write_text(text)
     monkeypatch.chdir(tmp_path)
@@ -186,7 +186,7 @@ def test_commands_read_the_repository_policy_not_the_example(
     elif args[0] == "alerts":
         routes = (tmp_path / "alerts" / "alertmanager.yml").read_text()
         assert "http://pager.acme.test/p" in routes
-        assert "alert-relay.monitoring.svc:8080/platform" not in routes
+        assert "gpupool-tuner.gpupool-system.svc" not in routes
     else:
         assert "max_model_len 4096" in result.stdout
     assert result.stderr.startswith("policy: policy/pool.yaml (from the current directory)")

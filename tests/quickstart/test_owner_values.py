@@ -67,14 +67,14 @@ def test_placeholders_are_warned_about_until_replaced() -> None:
         {
             "cluster.runtime_image": "registry.example.invalid/gpupool/gpupool:0.1.0",
             "tuner.policy_repo_url": "git@git.example.invalid:you/policy.git",
-            "alerting.routing.receivers.1.webhook_url": "https://alerts.example.invalid/x",
+            "alerting.routing.receivers.2.url": "https://alerts.example.invalid/x",
         }
     )
     warned = [
         p.path for p in policy_warnings(parse_policy(placeholder)) if "placeholder" in p.message
     ]
     assert warned == [
-        "alerting.routing.receivers.1.webhook_url",
+        "alerting.routing.receivers.2.url",
         "cluster.runtime_image",
         "tuner.policy_repo_url",
     ]

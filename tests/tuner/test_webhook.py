@@ -137,7 +137,7 @@ def _alertmanager_config(webhook: str, secrets_dir: Path) -> str:
     routing["group_wait"] = "1s"
     for receiver in routing["receivers"]:
         if receiver["name"] == routing["tuner_receiver"]:
-            receiver["webhook_url"] = webhook
+            receiver["url"] = webhook
     document["tuner"]["alertmanager_secrets_dir"] = str(secrets_dir)
     policy = parse_policy(document)
     token_file = Path(policy.tuner.webhook_credentials_file)
