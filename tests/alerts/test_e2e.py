@@ -22,8 +22,9 @@ from tests.alerts.scenario_exporter import Exporter, Scenario, serve
 from tests.alerts.webhook import Webhook, start_webhook
 from tests.harness.servers import Server, free_port, start_alertmanager, start_prometheus
 
-QUIET_WAIT_S = 8.0
-"""Bounded wait for the healthy phase: over twice for (3s) + group_wait (1s) + eval (1s)."""
+QUIET_EVALUATIONS = 8
+"""Rule evaluations (1 s apart) the healthy phase must pass with nothing firing or delivered:
+over twice for (3 s) + group_wait (1 s) + one evaluation."""
 DELIVERY_TIMEOUT_S = 90.0
 TUNER_TOKEN = "e2e-tuner-token"
 
@@ -46,6 +47,36 @@ def query(prometheus: Server, promql: str, at: float | None = None) -> list[dict
     assert body["status"] == "success", body
     result: list[dict[str, Any]] = body["data"]["result"]
     return result
+
+
+def rule_evaluations(prometheus: Server) -> dict[str, float]:
+    """How many times Prometheus has evaluated each rule group (its own counter)."""
+    with urllib.request.urlopen(f"{prometheus.url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        labels: float(value)
+        for labels, value in (
+            line.removeprefix("prometheus_rule_group_iterations_total").rsplit(" ", 1)
+            for line in text.splitlines()
+            if line.startswith("prometheus_rule_group_iterations_total{")
+        )
+    }
+
+
+def assert_quiet(stack: Stack, evaluations: int, timeout_s: float = 60) -> None:
+    """Nothing fires and nothing is delivered while every rule group is evaluated
+    ``evaluations`` more times: counted on Prometheus' clock, failing at the first alert."""
+    start = rule_evaluations(stack.prometheus)
+    assert start, "Prometheus reports no rule groups"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert stack.webhook.snapshot() == []
+        assert query(stack.prometheus, 'ALERTS{alertstate="firing"}') == []
+        now = rule_evaluations(stack.prometheus)
+        if all(now.get(group, 0) >= count + evaluations for group, count in start.items()):
+            return
+        assert time.monotonic() < deadline, "Prometheus stopped evaluating its rules"
+        time.sleep(0.25)
 
 
 def wait_for_value(prometheus: Server, promql: str, timeout_s: float = 60) -> float:
@@ -108,9 +139,8 @@ def test_healthy_then_unhealthy_scenario(stack: Stack) -> None:
     assert hit == pytest.approx(0.95, abs=0.01)
     assert wait_for_value(prom, "gpupool:flex_evictions:per_minute") == 0
     assert query(prom, 'gpupool:kv_cache_hit_rate:ratio{pod="flex-idle"}') == []
-    time.sleep(QUIET_WAIT_S)
+    assert_quiet(stack, QUIET_EVALUATIONS)
     assert stack.webhook.snapshot() == []
-    assert query(prom, 'ALERTS{alertstate="firing"}') == []
 
     stack.exporter.scenario.evictions_per_s = 1.0
     stack.exporter.scenario.hit_ratio = 0.5

@@ -146,6 +146,7 @@ def test_the_top_route_takes_gpupools_alerts_only(every_type: PoolPolicy) -> Non
     assert set(matcher["value"].split("|")) == set(alert_names(every_type))
 
 
+@pytest.mark.process
 def test_the_plain_config_passes_amtool_with_credentials_from_files(
     every_type: PoolPolicy, tmp_path: Path
 ) -> None:
