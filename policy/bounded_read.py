@@ -19,6 +19,20 @@ from typing import BinaryIO, Final
 
 MIB: Final = 1024 * 1024
 
+POLICY_BYTES: Final = 16 * MIB
+"""Largest policy file: 100 times the default policy with 5,000 nodes listed in each of ten
+pools."""
+
+MODEL_CONFIG_BYTES: Final = 4 * MIB
+"""Largest model ``config.json``: published ones are a few KiB, those with label maps a few
+hundred."""
+
+TRACE_BYTES: Final = 1024 * MIB
+"""Most bytes a trace may hold once inflated: 40 times the largest public trace read here."""
+
+TRACE_LINE_BYTES: Final = 1 * MIB
+"""Longest line of a trace: a Mooncake row of a 128k-token prompt is about 2 KiB."""
+
 
 class FileRefused(ValueError):
     """A file refused before or while reading; ``line`` is where, when there is one.

@@ -27,7 +27,7 @@ from typing import Final, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from policy.bounded_read import MIB, FileRefused, read_lines
+from policy.bounded_read import TRACE_BYTES, TRACE_LINE_BYTES, FileRefused, read_lines
 
 ALIBABA_HEADER: Final = ("value", "timestamp_anon", "container_ip")
 DEMAND_HEADER: Final = ("timestamp", "gpus_demanded")
@@ -36,13 +36,6 @@ AZURE_HEADER: Final = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_KEYS: Final = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_BLOCK_TOKENS: Final = 512
 """Prompt tokens per Mooncake ``hash_ids`` entry."""
-
-TRACE_BYTES: Final = 1024 * MIB
-"""Most bytes a trace may hold (once inflated): 40 times the largest public trace read here,
-and what a replay's arrays can hold in a few GiB (docs/design/limits.md)."""
-
-TRACE_LINE_BYTES: Final = 1 * MIB
-"""Longest line of a trace: a Mooncake row of a 128k-token prompt is about 2 KiB."""
 
 MAX_GRID_SAMPLES: Final = 10_000_000
 """Most samples a resampled demand CSV may expand to (guards against a 1 ms outlier step)."""
