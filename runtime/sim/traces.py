@@ -40,6 +40,10 @@ MOONCAKE_BLOCK_TOKENS: Final = 512
 MAX_GRID_SAMPLES: Final = 10_000_000
 """Most samples a resampled demand CSV may expand to (guards against a 1 ms outlier step)."""
 
+MAX_REPLAY_REQUESTS: Final = 10_000_000
+"""Most requests one trace may put into a replay once tiled to its horizon: the replay keeps
+a few hundred bytes a request (about 2 GiB at the cap; docs/design/limits.md)."""
+
 _MAX_INT: Final = 2**53
 """Bound on integers read (token counts, GPUs, ms): int64- and float-exact, and far past real."""
 
@@ -194,6 +198,18 @@ class FlexTrace:
         size = arrival.size
         period = math.floor(arrival[-1]) + 1.0 if size else horizon_s
         copies = max(1, math.ceil(horizon_s / period))
+        last = (copies - 1) * period  # the last copy starts here; every earlier one fits whole
+        count = (copies - 1) * size + int(np.searchsorted(arrival, horizon_s - last, "left"))
+        if count > MAX_REPLAY_REQUESTS:
+            raise TraceError(
+                self.source,
+                None,
+                None,
+                f"expected at most {MAX_REPLAY_REQUESTS:,} requests in a replay, found "
+                f"{count:,} ({size:,} requests every {period:g} s repeated over "
+                f"{horizon_s / 3600:g} h at {rate_scale:g}x rate); replay fewer hours or a "
+                "lower rate",
+            )
         offsets = np.repeat(np.arange(copies, dtype=np.float64) * period, size)
         tiled_arrival = np.tile(arrival, copies) + offsets
         keep = int(np.searchsorted(tiled_arrival, horizon_s, side="left"))
