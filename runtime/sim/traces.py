@@ -683,22 +683,25 @@ def _prefix_reuse_flat(
     size = counts.size
     if arrival_s.size != size or input_tokens.size != size:
         raise ValueError("arrival_s, input_tokens and hash_ids must have one entry a request")
-    request = np.repeat(np.arange(size, dtype=np.int64), counts)
-    order = np.argsort(flat_ids, kind="stable")  # by id, then by position: by request
+    if flat_ids.size >= 2**31:  # TRACE_BYTES keeps a trace far below: an id takes 2 bytes
+        raise ValueError(f"at most 2^31 hash ids, got {flat_ids.size}")
+    request = np.repeat(np.arange(size, dtype=np.int32), counts)
+    order = np.argsort(flat_ids, kind="stable").astype(np.int32)  # by id, then by request
     same_id = np.diff(flat_ids[order]) == 0
     by_request = request[order]
     del request
     run_start = np.ones(order.size, dtype=bool)  # a run: one id within one request
     run_start[1:] = ~same_id | (np.diff(by_request) != 0)
     # the request before this run that held the id (-1: none), carried along the run
-    before = np.full(order.size, -1, dtype=np.int64)
+    before = np.full(order.size, -1, dtype=np.int32)
     starts = np.flatnonzero(run_start)
     later = starts[starts > 0]
     before[later] = np.where(same_id[later - 1], by_request[later - 1], -1)
-    del same_id, by_request
-    fill = np.where(run_start, np.arange(order.size, dtype=np.int64), 0)
+    del same_id, by_request, starts, later
+    fill = np.arange(order.size, dtype=np.int32)
+    fill[~run_start] = 0
     np.maximum.accumulate(fill, out=fill)
-    held_before = np.empty(order.size, dtype=np.int64)
+    held_before = np.empty(order.size, dtype=np.int32)
     held_before[order] = before[fill]
     del order, before, fill, run_start
     first = np.cumsum(counts) - counts

@@ -10,7 +10,10 @@ and its ``\\w``/``\\d`` are ASCII, so each is a Python ``fullmatch`` under ``re.
 
 from __future__ import annotations
 
+import gzip
 import io
+import json
+import math
 import re
 import subprocess
 from pathlib import Path
@@ -239,3 +242,102 @@ def check_field(folder: Path, doc: Any, field: str, value: Any, valid: bool) -> 
     if not valid:
         assert field in paths, (field, value, paths)
     return False
+
+
+# --- trace files, from a grammar of rows -----------------------------------------------------
+
+AZURE_TRACE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
+DEMAND_TRACE_HEADER = "timestamp,gpus_demanded,duty_cycle"
+
+_cell = st.one_of(
+    st.sampled_from(["", " ", "-1", "0", "1", "1e309", "nan", "inf", "0x10", "1_000", "\u0665"]),
+    st.integers(-(2**70), 2**70).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    any_text.filter(lambda t: "\n" not in t and "\r" not in t),
+)
+"""A CSV cell: numbers at and past every bound, look-alike digits, text of any script."""
+
+
+@st.composite
+def _azure_row(draw: st.DrawFn, ms: int) -> str:
+    second = ms // 1000
+    stamp = f"2023-11-16 {18 + second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}"
+    stamp += f".{ms % 1000:03d}{draw(st.integers(0, 9999)):04d}"
+    good = f"{stamp},{draw(st.integers(1, 9000))},{draw(st.integers(1, 900))}"
+    return draw(
+        st.one_of(
+            st.just(good),
+            st.builds(lambda c: good.rsplit(",", 1)[0] + "," + c, _cell),  # a bad last cell
+            st.builds(lambda c: c + good[len(stamp) :], _cell),  # a bad time
+            st.just(good + ",1"),  # a column too many
+            st.just(stamp),  # columns missing
+            st.just('"' + good),  # an open quote
+            st.just(""),  # a blank line
+        )
+    )
+
+
+@st.composite
+def _mooncake_row(draw: st.DrawFn, ms: int) -> str:
+    tokens = draw(st.integers(1, 3000))
+    ids = draw(st.lists(st.integers(0, 50), min_size=-(-tokens // 512), max_size=-(-tokens // 512)))
+    record: dict[str, Any] = {
+        "timestamp": ms,
+        "input_length": tokens,
+        "output_length": draw(st.integers(1, 500)),
+        "hash_ids": ids,
+    }
+    key = draw(st.sampled_from(sorted(record)))
+    depth = draw(st.sampled_from([2, 50, 5_000, 50_000]))
+    broken = draw(
+        st.one_of(
+            st.just(None),  # the row as it is
+            st.just("drop"),
+            st.just("nested"),
+            st.builds(lambda v: ("set", v), numbers),
+            st.builds(lambda v: ("set", v), any_text),
+            st.just(("set", [2**63, 1])),
+            st.just(("set", [True])),
+        )
+    )
+    if broken == "drop":
+        del record[key]
+    elif broken == "nested":  # hash_ids nested until the parser's stack runs out
+        return (
+            json.dumps(record)[:-1].replace('"hash_ids": [', '"hash_ids": ' + "[" * depth, 1)
+            + "]" * depth
+            + "}"
+        )
+    elif broken is not None:
+        record[key] = broken[1]
+    if any(isinstance(v, float) and not math.isfinite(v) for v in record.values()):
+        return str(record)  # not JSON: Python's repr of the record
+    return json.dumps(record)
+
+
+@st.composite
+def trace_files(draw: st.DrawFn) -> tuple[str, bytes]:
+    """``(file name, bytes)`` of a flex trace: Azure CSV or Mooncake JSON lines, rows drawn
+    from a grammar of good and malformed rows, arriving in bursts (many in one second) or
+    spread out, sometimes truncated or gzipped (whole or cut short)."""
+    kind = draw(st.sampled_from(["azure", "mooncake"]))
+    rows = draw(st.integers(0, 30))
+    burst = draw(st.booleans())
+    times = sorted(
+        draw(st.lists(st.integers(0, 999 if burst else 7_200_000), min_size=rows, max_size=rows))
+    )
+    if kind == "azure":
+        lines = [AZURE_TRACE_HEADER, *(draw(_azure_row(t)) for t in times)]
+    else:
+        lines = [draw(_mooncake_row(t)) for t in times]
+    ending = draw(st.sampled_from(["\n", "\r\n"]))
+    data = (ending.join(lines) + draw(st.sampled_from(["", ending]))).encode()
+    data = data[: draw(st.integers(0, len(data)))] if draw(st.booleans()) else data
+    suffix = {"azure": ".csv", "mooncake": ".jsonl"}[kind]
+    packing = draw(st.sampled_from(["plain", "gz", "gz-cut"]))
+    if packing == "plain":
+        return f"trace{suffix}", data
+    packed = gzip.compress(data)
+    if packing == "gz-cut":
+        packed = packed[: draw(st.integers(0, len(packed) - 1))]
+    return f"trace{suffix}.gz", packed
