@@ -20,15 +20,16 @@ from typing import BinaryIO, Final
 MIB: Final = 1024 * 1024
 
 POLICY_BYTES: Final = 16 * MIB
-"""Largest policy file: 100 times the default policy with 5,000 nodes listed in each of ten
-pools."""
+"""Largest policy file: ten pools each listing 5,000 nodes (the most a Kubernetes cluster
+supports) take about 1.5 MiB, 150,000 node names about 4 MiB."""
 
 MODEL_CONFIG_BYTES: Final = 4 * MIB
 """Largest model ``config.json``: published ones are a few KiB, those with label maps a few
 hundred."""
 
 TRACE_BYTES: Final = 1024 * MIB
-"""Most bytes a trace may hold once inflated: 40 times the largest public trace read here."""
+"""Most bytes a trace may hold once inflated: over 200 times the largest bundled trace
+(4.6 MiB), and about what a replay capped at ``MAX_REPLAY_REQUESTS`` can use."""
 
 TRACE_LINE_BYTES: Final = 1 * MIB
 """Longest line of a trace: a Mooncake row of a 128k-token prompt is about 2 KiB."""

@@ -16,6 +16,7 @@ import json
 import math
 import re
 import subprocess
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -341,3 +342,37 @@ def trace_files(draw: st.DrawFn) -> tuple[str, bytes]:
     if packing == "gz-cut":
         packed = packed[: draw(st.integers(0, len(packed) - 1))]
     return f"trace{suffix}.gz", packed
+
+
+def write_azure_trace(path: Path, size: int) -> None:
+    """An Azure trace of about ``size`` bytes: 50 requests a second, token counts varied."""
+    start = datetime(2023, 11, 16, 18)
+    written, row = 0, 0
+    with path.open("w") as out:
+        written += out.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+        while written < size:
+            stamp = (start + timedelta(seconds=row // 50)).isoformat(" ")
+            written += out.write(f"{stamp}.{row % 50:07d},{row % 7919 + 1},{row % 499 + 1}\n")
+            row += 1
+
+
+def write_mooncake_trace(path: Path, size: int) -> None:
+    """A Mooncake trace of about ``size`` bytes: a request every 10 ms, prompts of up to 16
+    blocks, a varying share of them a prefix shared with earlier requests."""
+    written, row, fresh = 0, 0, 10**6
+    with path.open("w") as out:
+        while written < size:
+            tokens = 100 + row * 7919 % 8000
+            blocks = -(-tokens // 512)
+            shared = row % (blocks + 1)
+            ids = [row % 100 * 100 + k for k in range(shared)]
+            ids += range(fresh, fresh + blocks - shared)
+            fresh += blocks - shared
+            record = {
+                "timestamp": row * 10,
+                "input_length": tokens,
+                "output_length": 1 + row % 499,
+                "hash_ids": ids,
+            }
+            written += out.write(json.dumps(record) + "\n")
+            row += 1

@@ -134,39 +134,9 @@ def test_a_burst_tiled_to_a_day_is_refused_before_its_arrays_exist() -> None:
     assert isinstance(measured["growth_mib"], float) and measured["growth_mib"] < 16, measured
 
 
-def _azure_file(path: Path, size: int) -> None:
-    row = 0
-    with path.open("w") as out:
-        out.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
-        while out.tell() < size:
-            s = row // 50
-            stamp = f"2023-11-16 {18 + s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}.{row % 50:07d}"
-            out.write(f"{stamp},{row % 7919 + 1},{row % 499 + 1}\n")
-            row += 1
-
-
-def _mooncake_file(path: Path, size: int) -> None:
-    row, fresh = 0, 10**6
-    with path.open("w") as out:
-        while out.tell() < size:
-            tokens = 100 + row * 7919 % 8000
-            blocks = -(-tokens // 512)
-            shared = row % (blocks + 1)
-            ids = [row % 100 * 100 + k for k in range(shared)] + list(
-                range(fresh, fresh + blocks - shared)
-            )
-            fresh += blocks - shared
-            record = {
-                "timestamp": row * 10,
-                "input_length": tokens,
-                "output_length": 1 + row % 499,
-                "hash_ids": ids,
-            }
-            out.write(json.dumps(record) + "\n")
-            row += 1
-
-
-@pytest.mark.parametrize(("write", "bound"), [(_azure_file, 2.0), (_mooncake_file, 5.0)])
+@pytest.mark.parametrize(
+    ("write", "bound"), [(h.write_azure_trace, 2.0), (h.write_mooncake_trace, 5.0)]
+)
 def test_a_trace_takes_memory_in_flat_arrays(tmp_path: Path, write: object, bound: float) -> None:
     """Whole-file reads took 7-8 times the file (bytes, text, a string a line, a Python int
     an id); flat arrays take 1-4 times."""
