@@ -249,6 +249,7 @@ def check_field(folder: Path, doc: Any, field: str, value: Any, valid: bool) -> 
 
 AZURE_TRACE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 DEMAND_TRACE_HEADER = "timestamp,gpus_demanded,duty_cycle"
+"""Headers of the flex and production traces ``trace_files`` draws."""
 
 _cell = st.one_of(
     st.sampled_from(["", " ", "-1", "0", "1", "1e309", "nan", "inf", "0x10", "1_000", "\u0665"]),
@@ -260,14 +261,15 @@ _cell = st.one_of(
 
 
 @st.composite
-def _azure_row(draw: st.DrawFn, ms: int) -> str:
+def _azure_row(draw: st.DrawFn, ms: int, broken: bool) -> str:
     second = ms // 1000
     stamp = f"2023-11-16 {18 + second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}"
     stamp += f".{ms % 1000:03d}{draw(st.integers(0, 9999)):04d}"
     good = f"{stamp},{draw(st.integers(1, 9000))},{draw(st.integers(1, 900))}"
+    if not broken:
+        return good
     return draw(
         st.one_of(
-            st.just(good),
             st.builds(lambda c: good.rsplit(",", 1)[0] + "," + c, _cell),  # a bad last cell
             st.builds(lambda c: c + good[len(stamp) :], _cell),  # a bad time
             st.just(good + ",1"),  # a column too many
@@ -279,7 +281,7 @@ def _azure_row(draw: st.DrawFn, ms: int) -> str:
 
 
 @st.composite
-def _mooncake_row(draw: st.DrawFn, ms: int) -> str:
+def _mooncake_row(draw: st.DrawFn, ms: int, broken: bool) -> str:
     tokens = draw(st.integers(1, 3000))
     ids = draw(st.lists(st.integers(0, 50), min_size=-(-tokens // 512), max_size=-(-tokens // 512)))
     record: dict[str, Any] = {
@@ -290,9 +292,8 @@ def _mooncake_row(draw: st.DrawFn, ms: int) -> str:
     }
     key = draw(st.sampled_from(sorted(record)))
     depth = draw(st.sampled_from([2, 50, 5_000, 50_000]))
-    broken = draw(
+    change = draw(
         st.one_of(
-            st.just(None),  # the row as it is
             st.just("drop"),
             st.just("nested"),
             st.builds(lambda v: ("set", v), numbers),
@@ -301,47 +302,102 @@ def _mooncake_row(draw: st.DrawFn, ms: int) -> str:
             st.just(("set", [True])),
         )
     )
-    if broken == "drop":
+    if not broken:
+        return json.dumps(record)
+    if change == "drop":
         del record[key]
-    elif broken == "nested":  # hash_ids nested until the parser's stack runs out
+    elif change == "nested":  # hash_ids nested until the parser's stack runs out
         return (
             json.dumps(record)[:-1].replace('"hash_ids": [', '"hash_ids": ' + "[" * depth, 1)
             + "]" * depth
             + "}"
         )
-    elif broken is not None:
-        record[key] = broken[1]
+    else:
+        record[key] = change[1]
     if any(isinstance(v, float) and not math.isfinite(v) for v in record.values()):
         return str(record)  # not JSON: Python's repr of the record
     return json.dumps(record)
 
 
 @st.composite
-def trace_files(draw: st.DrawFn) -> tuple[str, bytes]:
-    """``(file name, bytes)`` of a flex trace: Azure CSV or Mooncake JSON lines, rows drawn
-    from a grammar of good and malformed rows, arriving in bursts (many in one second) or
-    spread out, sometimes truncated or gzipped (whole or cut short)."""
-    kind = draw(st.sampled_from(["azure", "mooncake"]))
+def _csv_row(draw: st.DrawFn, good: list[str], broken: bool) -> str:
+    """A CSV row of ``good`` cells, or (``broken``) with one cell drawn from ``_cell``, a cell
+    too many or too few, an open quote, or blank."""
+    cells = list(good)
+    if not broken:
+        return ",".join(cells)
+    change = draw(st.sampled_from(["cell", "more", "fewer", "quote", "blank"]))
+    if change == "cell":
+        cells[draw(st.integers(0, len(cells) - 1))] = draw(_cell)
+    elif change == "more":
+        cells.append("1")
+    elif change == "fewer":
+        cells.pop()
+    elif change == "quote":
+        cells[0] = '"' + cells[0]
+    elif change == "blank":
+        cells = [""]
+    return ",".join(cells)
+
+
+def _production_lines(draw: st.DrawFn, kind: str, rows: int, bad: int | None) -> list[str]:
+    """A demand trace (a sample a minute, jittered) or an Alibaba one (four containers a
+    minute) of ``rows`` rows, row ``bad`` broken by ``_csv_row``."""
+    if kind == "demand":
+        good = [
+            [f"{i * 60 + draw(st.integers(0, 59))}", str(draw(st.integers(0, 64))), "0.5"]
+            for i in range(rows)
+        ]
+        header = DEMAND_TRACE_HEADER
+    else:
+        good = [
+            [f"{draw(st.floats(0, 100)):.2f}", f"{i // 4 * 60}", f"10.0.0.{i % 4}"]
+            for i in range(rows)
+        ]
+        header = "value,timestamp_anon,container_ip"
+    return [header, *(draw(_csv_row(r, i == bad)) for i, r in enumerate(good))]
+
+
+TRACE_KINDS = {
+    "azure": ".csv",
+    "mooncake": ".jsonl",
+    "demand": ".csv",
+    "alibaba": ".csv",
+}
+"""Kinds of trace ``trace_files`` draws: two flex, two production; their file suffix."""
+
+
+@st.composite
+def trace_files(draw: st.DrawFn) -> tuple[str, str, bytes]:
+    """``(kind, file name, bytes)`` of a trace (``TRACE_KINDS``), rows drawn from a grammar of
+    good and malformed rows, arriving in bursts (many in one second) or spread out,
+    sometimes truncated or gzipped (whole or cut short)."""
+    kind = draw(st.sampled_from(sorted(TRACE_KINDS)))
     rows = draw(st.integers(0, 30))
+    bad = draw(st.one_of(st.none(), st.integers(0, max(rows - 1, 0))))  # the broken row
     burst = draw(st.booleans())
     times = sorted(
         draw(st.lists(st.integers(0, 999 if burst else 7_200_000), min_size=rows, max_size=rows))
     )
     if kind == "azure":
-        lines = [AZURE_TRACE_HEADER, *(draw(_azure_row(t)) for t in times)]
+        lines = [AZURE_TRACE_HEADER, *(draw(_azure_row(t, i == bad)) for i, t in enumerate(times))]
+    elif kind == "mooncake":
+        lines = [draw(_mooncake_row(t, i == bad)) for i, t in enumerate(times)]
     else:
-        lines = [draw(_mooncake_row(t)) for t in times]
+        lines = _production_lines(draw, kind, rows, bad)
     ending = draw(st.sampled_from(["\n", "\r\n"]))
     data = (ending.join(lines) + draw(st.sampled_from(["", ending]))).encode()
-    data = data[: draw(st.integers(0, len(data)))] if draw(st.booleans()) else data
-    suffix = {"azure": ".csv", "mooncake": ".jsonl"}[kind]
-    packing = draw(st.sampled_from(["plain", "gz", "gz-cut"]))
+    data = data[: draw(st.integers(0, len(data)))] if bad is not None else data
+    suffix = TRACE_KINDS[kind]
+    packing = draw(
+        st.sampled_from(["plain", "gz", "gz-cut"] if bad is not None else ["plain", "gz"])
+    )
     if packing == "plain":
-        return f"trace{suffix}", data
+        return kind, f"trace{suffix}", data
     packed = gzip.compress(data)
     if packing == "gz-cut":
         packed = packed[: draw(st.integers(0, len(packed) - 1))]
-    return f"trace{suffix}.gz", packed
+    return kind, f"trace{suffix}.gz", packed
 
 
 def write_azure_trace(path: Path, size: int) -> None:

@@ -21,7 +21,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from runtime.sim.traces import FlexTrace, TraceError, load_flex_trace, load_production_trace
+from runtime.sim.traces import (
+    FlexTrace,
+    ProductionTrace,
+    TraceError,
+    load_flex_trace,
+    load_production_trace,
+)
 from tests.harness import hostile as h
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,19 +36,20 @@ MIB = 1024 * 1024
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(h.trace_files())
-def test_generated_trace_files_load_or_fail_on_one_line(file: tuple[str, bytes]) -> None:
-    name, data = file
+def test_generated_trace_files_load_or_fail_on_one_line(file: tuple[str, str, bytes]) -> None:
+    kind, name, data = file
+    load = load_production_trace if kind in ("demand", "alibaba") else load_flex_trace
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / name
         path.write_bytes(data)
         try:
-            trace = load_flex_trace(path)
+            trace = load(path)
         except TraceError as exc:
             message = str(exc)
             assert "\n" not in message, message
             assert re.match(rf"{re.escape(str(path))}(:[0-9]+)?: .*expected", message), message
         else:
-            assert isinstance(trace, FlexTrace) and trace.arrival_s.size >= 1
+            assert isinstance(trace, ProductionTrace | FlexTrace) and trace.duration_s >= 0
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
