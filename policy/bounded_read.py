@@ -104,7 +104,7 @@ def read_lines(path: Path, limit: int, line_limit: int) -> Iterator[str]:
     """The lines of a text file without line endings, one at a time (``.gz`` inflated by
     suffix): at most ``limit`` bytes in all once inflated, at most ``line_limit`` a line.
     A UTF-8 byte-order mark at the start is dropped."""
-    # the raw file may not exceed the cap either: deflate never makes text larger
+    # the packed file may not exceed the cap either: gzip makes text smaller, never larger
     with _open_regular(path, limit) as raw:
         stream: BinaryIO | gzip.GzipFile = raw
         if path.suffix == ".gz":

@@ -568,6 +568,7 @@ def _azure_ns(source: str, line: int, text: str) -> int:
 def _parse_mooncake(source: str, name: str, lines: Iterator[str], start: int = 1) -> FlexTrace:
     stamps, inputs, outputs = flat("d"), flat("q"), flat("q")
     flat_ids, id_counts = flat("q"), flat("q")
+    previous: float = 0.0
     for line, text in enumerate(lines, start):
         if not text.strip():
             continue
@@ -593,13 +594,14 @@ def _parse_mooncake(source: str, name: str, lines: Iterator[str], start: int = 1
             raise TraceError(
                 source, line, "timestamp", f"expected milliseconds >= 0, found {stamp!r}"
             )
-        if stamps and stamp < stamps[-1]:
+        if stamps and stamp < previous:
             raise TraceError(
                 source,
                 line,
                 "timestamp",
-                f"expected a time at or after the previous row's {stamps[-1]:g}, found {stamp!r}",
+                f"expected a time at or after the previous row's {previous!r}, found {stamp!r}",
             )
+        previous = stamp
         for key in ("input_length", "output_length"):
             tokens = record[key]
             if type(tokens) is not int or not 1 <= tokens < _MAX_INT:
@@ -663,9 +665,9 @@ def prefix_reuse(
     always computes the last prompt token). ``prefix_last_seen`` is the latest earlier
     arrival that held the prefix's last block: the one an LRU cache would have kept longest.
     """
-    flat = np.fromiter(itertools.chain.from_iterable(hash_ids), dtype=np.int64)
+    laid = np.fromiter(itertools.chain.from_iterable(hash_ids), dtype=np.int64)
     counts = np.fromiter((len(ids) for ids in hash_ids), dtype=np.int64, count=len(hash_ids))
-    return _prefix_reuse_flat(arrival_s, input_tokens, flat, counts, block_tokens)
+    return _prefix_reuse_flat(arrival_s, input_tokens, laid, counts, block_tokens)
 
 
 def _prefix_reuse_flat(
