@@ -6,6 +6,9 @@ numbers across ``int32`` and beyond. The oracles are the consumers' own rules, w
 from their sources (not imported from ``policy``): what the Kubernetes API server,
 Prometheus and the registries accept. Go's ``regexp`` anchors ``$`` at the end of the text
 and its ``\\w``/``\\d`` are ASCII, so each is a Python ``fullmatch`` under ``re.ASCII``.
+
+``trace_files`` draws trace files the same way, from a grammar of good and malformed rows;
+``write_azure_trace`` and ``write_mooncake_trace`` write large well-formed ones.
 """
 
 from __future__ import annotations
