@@ -14,7 +14,9 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
+from policy import bounded_read
 from policy.base import InvariantViolation
+from policy.bounded_read import POLICY_BYTES
 from policy.images import image_warnings
 from policy.migrations import RENAMED_FIELDS
 from policy.placeholders import placeholder_warnings
@@ -53,17 +55,22 @@ class PolicyError(Exception):
 
 
 def read_text(path: Path) -> str:
-    """The file's text; raises PolicyError when it cannot be read."""
+    """The file's text (at most ``POLICY_BYTES``); raises PolicyError when it cannot be read."""
     try:
-        return path.read_text(encoding="utf-8")
+        return bounded_read.read_text(path, POLICY_BYTES)
     except FileNotFoundError:
         raise PolicyError([Problem(str(path), 0, "", "file not found")]) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except bounded_read.FileRefused as exc:
+        raise PolicyError([Problem(str(path), exc.line or 0, "", str(exc))]) from None
+    except OSError as exc:
         raise PolicyError([Problem(str(path), 0, "", f"cannot read file: {exc}")]) from None
 
 
 def parse_yaml(text: str, source: str) -> Any:
-    """Round-trip YAML (keeps line numbers and comments); raises PolicyError on bad YAML."""
+    """Round-trip YAML (keeps line numbers and comments); raises PolicyError on bad YAML.
+
+    Merge keys (``<<: *anchor``) are YAML 1.1 and accepted. Nesting is bounded by the
+    parser's recursion: a document nested deeper than Python's stack is refused, not crashed."""
     try:
         return YAML(typ="rt").load(text)
     except MarkedYAMLError as exc:
@@ -71,6 +78,18 @@ def parse_yaml(text: str, source: str) -> Any:
         line = mark.line + 1 if mark is not None else 0
         what = " ".join(str(x) for x in (exc.context, exc.problem) if x)
         raise PolicyError([Problem(source, line, "", f"invalid YAML: {what}")]) from None
+    except RecursionError:
+        raise PolicyError(
+            [
+                Problem(
+                    source,
+                    0,
+                    "",
+                    "invalid YAML: nested too deeply (expected a policy's few levels of "
+                    "mappings and lists, found hundreds)",
+                )
+            ]
+        ) from None
 
 
 def read_yaml(path: Path) -> Any:
@@ -196,7 +215,8 @@ def _line_of(document: Any, loc: list[str]) -> int:
     node, line = document, 1
     for part in loc:
         if isinstance(node, CommentedMap) and part in node:
-            line = node.lc.key(part)[0] + 1
+            if part in node.lc.data:  # a key merged in (``<<: *anchor``) has no line here
+                line = node.lc.key(part)[0] + 1
             node = node[part]
         elif isinstance(node, CommentedSeq) and part.isdigit() and int(part) < len(node):
             line = node.lc.item(int(part))[0] + 1

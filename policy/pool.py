@@ -264,13 +264,14 @@ class PoolPolicy(StrictModel):
             "and the flex workloads' objects would share names and NetworkPolicies; expected "
             "two different namespaces",
         )
-        owner: dict[str, str] = {}
+        first: dict[str, tuple[int, int]] = {}  # node -> (pool, entry) listing it first
         for i, pool in enumerate(self.node_pools):
             for j, node in enumerate(pool.nodes):
-                other = owner.setdefault(node, pool.name)
-                where = "twice in this pool" if other == pool.name else f"in pool {other!r} too"
+                other, _ = first.setdefault(node, (i, j))
+                name = self.node_pools[other].name
+                where = "twice in this pool" if other == i else f"in pool {name!r} too"
                 found.require(
-                    other == pool.name and node not in pool.nodes[:j],
+                    first[node] == (i, j),
                     f"node_pools.{i}.nodes.{j}",
                     f"node {node!r} is listed {where}: its label and taint have one value, so "
                     "a node belongs to exactly one pool; expected each node once",

@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 from infra.builders.nodepools import Target
 from infra.diff import diff_documents
 from infra.pipeline import render_policy_file
+from policy.bounded_read import MODEL_CONFIG_BYTES, read_bytes
 from policy.pool import PoolPolicy
 from runtime.advise.levers import Variant
 from runtime.tuner.yamledit import edit_values
@@ -45,7 +46,7 @@ def recommended_files(
                 f"{policy_file}: hf_config {hf_config!r} leaves the policy's folder; keep model "
                 "configs under it so the recommended policy can be written beside copies"
             )
-        configs[hf_config] = (policy_file.parent / hf_config).read_bytes()
+        configs[hf_config] = read_bytes(policy_file.parent / hf_config, MODEL_CONFIG_BYTES)
     files = {POLICY: edited.encode("utf-8"), **configs}
     with tempfile.TemporaryDirectory(prefix="gpupool-advise-") as scratch:
         root = Path(scratch)

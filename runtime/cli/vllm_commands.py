@@ -30,6 +30,7 @@ from runtime.vllm import (
     render_args,
 )
 from runtime.vllm.fragmentation import WasteReport, waste_report
+from runtime.vllm.model_spec import read_model_config
 from runtime.vllm.trace import TraceError, load_azure_trace
 
 console = Console(highlight=False)
@@ -147,8 +148,8 @@ def served_model(model: Path) -> str:
     if model.name == "config.json":
         return str(model.parent)
     try:
-        name = json.loads(model.read_text(encoding="utf-8")).get("_name_or_path")
-    except (OSError, ValueError, AttributeError):
+        name = json.loads(read_model_config(model)).get("_name_or_path")
+    except (OSError, ValueError, AttributeError, RecursionError):
         name = None
     return name if isinstance(name, str) and name else str(model)
 

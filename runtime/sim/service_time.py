@@ -86,7 +86,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from runtime.vllm.model_spec import ModelConfigError, ModelSpec, parse_model_config
+from runtime.vllm.model_spec import (
+    ModelConfigError,
+    ModelSpec,
+    parse_model_config,
+    read_model_config,
+)
 
 Array = NDArray[np.float64]
 Values = NDArray[Any] | float
@@ -460,8 +465,8 @@ def _config_text(spec: ModelSpec) -> str | None:
     path = Path(spec.source)
     file = path / "config.json" if path.is_dir() else path
     try:
-        return file.read_text(encoding="utf-8")
-    except OSError:
+        return read_model_config(file)
+    except (OSError, ValueError):
         return None
 
 

@@ -3,19 +3,20 @@
 Two kinds: a *production* trace (GPUs production holds and how busy they are, sampled on a
 regular grid) that decides what the pool can lend, and a *flex* trace (request arrivals
 with token counts and, where the format records prompt block hashes, reusable KV prefixes)
-that the borrowed GPUs serve. Files are read whole (``.gz`` transparently), then parsed by
-pure functions. A malformed row is a ``TraceError`` naming the file, line and field and
-what was expected; nothing is skipped except blank lines, which carry no data.
+that the borrowed GPUs serve. Files are streamed line by line (``.gz`` transparently, within
+``TRACE_BYTES``) into flat arrays by pure parsers. A malformed row is a ``TraceError``
+naming the file, line and field and what was expected; nothing is skipped except blank
+lines, which carry no data.
 """
 
 from __future__ import annotations
 
 import csv
-import gzip
+import itertools
 import json
 import math
 import re
-import zlib
+from array import array as flat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +26,8 @@ from typing import Final, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+
+from policy.bounded_read import TRACE_BYTES, TRACE_LINE_BYTES, FileRefused, read_lines
 
 ALIBABA_HEADER: Final = ("value", "timestamp_anon", "container_ip")
 DEMAND_HEADER: Final = ("timestamp", "gpus_demanded")
@@ -36,6 +39,10 @@ MOONCAKE_BLOCK_TOKENS: Final = 512
 
 MAX_GRID_SAMPLES: Final = 10_000_000
 """Most samples a resampled demand CSV may expand to (guards against a 1 ms outlier step)."""
+
+MAX_REPLAY_REQUESTS: Final = 10_000_000
+"""Most requests one trace may put into a replay once tiled to its horizon: the replay keeps
+a few hundred bytes a request (about 2 GiB at the cap; docs/design/limits.md)."""
 
 _MAX_INT: Final = 2**53
 """Bound on integers read (token counts, GPUs, ms): int64- and float-exact, and far past real."""
@@ -191,6 +198,18 @@ class FlexTrace:
         size = arrival.size
         period = math.floor(arrival[-1]) + 1.0 if size else horizon_s
         copies = max(1, math.ceil(horizon_s / period))
+        last = (copies - 1) * period  # the last copy starts here; every earlier one fits whole
+        count = (copies - 1) * size + int(np.searchsorted(arrival, horizon_s - last, "left"))
+        if count > MAX_REPLAY_REQUESTS:
+            raise TraceError(
+                self.source,
+                None,
+                None,
+                f"expected at most {MAX_REPLAY_REQUESTS:,} requests in a replay, found "
+                f"{count:,} ({size:,} requests every {period:g} s repeated over "
+                f"{horizon_s / 3600:g} h at {rate_scale:g}x rate); replay fewer hours or a "
+                "lower rate",
+            )
         offsets = np.repeat(np.arange(copies, dtype=np.float64) * period, size)
         tiled_arrival = np.tile(arrival, copies) + offsets
         keep = int(np.searchsorted(tiled_arrival, horizon_s, side="left"))
@@ -222,34 +241,37 @@ def bundled(name: Literal["alibaba", "azure-code", "mooncake"]) -> Path:
 # --- reading (the edge) ------------------------------------------------------------------
 
 
-def _read_lines(path: Path) -> list[str]:
-    """The file's lines without line endings; ``.gz`` is decompressed by suffix."""
+def _read_lines(path: Path) -> Iterator[str]:
+    """The file's lines without line endings, streamed (``.gz`` inflated by suffix) within
+    ``TRACE_BYTES`` and ``TRACE_LINE_BYTES``."""
     source = str(path)
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        yield from read_lines(path, TRACE_BYTES, TRACE_LINE_BYTES)
     except FileNotFoundError:
         raise TraceError(source, None, None, "expected a trace file, found none") from None
-    except (OSError, EOFError, zlib.error) as exc:
+    except FileRefused as exc:
+        raise TraceError(source, exc.line, None, str(exc)) from None
+    except OSError as exc:
         raise TraceError(source, None, None, f"cannot read the trace: {exc}") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise TraceError(source, line, None, f"expected UTF-8 text: {exc.reason}") from None
-    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
+def _peeked(lines: Iterator[str]) -> tuple[str, Iterator[str]]:
+    """Line 1 and the whole stream again (line 1 included)."""
+    first = next(lines, "")
+    return first, itertools.chain([first], lines)
 
 
 def load_production_trace(path: Path) -> ProductionTrace:
     """A production trace in any supported CSV format, told apart by its header line."""
-    lines = _read_lines(path)
-    header = _header(lines)
+    first, lines = _peeked(_read_lines(path))
+    header = _header(first)
     if header == _lower(ALIBABA_HEADER):
         return _parse_alibaba(str(path), path.name, lines)
     if header in (_lower(DEMAND_HEADER), _lower(DEMAND_DUTY_HEADER)):
         return _parse_demand(str(path), path.name, lines)
     accepted = " | ".join(",".join(h) for h in (ALIBABA_HEADER, DEMAND_HEADER, DEMAND_DUTY_HEADER))
     raise TraceError(
-        str(path), 1, None, f"expected one of the headers {accepted}, found {_shown_line(lines[0])}"
+        str(path), 1, None, f"expected one of the headers {accepted}, found {_shown_line(first)}"
     )
 
 
@@ -271,11 +293,18 @@ def load_gpu_demand_csv(path: Path) -> ProductionTrace:
 
 def load_flex_trace(path: Path) -> FlexTrace:
     """A flex trace: Mooncake JSON lines (first non-empty line starts with ``{``) or Azure CSV."""
-    lines = _read_lines(path)
-    line, first = next(((i, s) for i, s in enumerate(lines, 1) if s.strip()), (1, ""))
+    stream = _read_lines(path)
+    line, first = 1, next(stream, "")
+    while not first.strip():  # leading blank lines: counted, not kept
+        following = next(stream, None)
+        if following is None:
+            line, first = 1, ""
+            break
+        line, first = line + 1, following
+    lines = itertools.chain([first], stream)
     if first.lstrip().startswith("{"):
-        return _parse_mooncake(str(path), path.name, lines)
-    if line == 1 and _header(lines) == _lower(AZURE_HEADER):
+        return _parse_mooncake(str(path), path.name, lines, start=line)
+    if line == 1 and _header(first) == _lower(AZURE_HEADER):
         return _parse_azure(str(path), path.name, lines)
     raise TraceError(
         str(path),
@@ -300,12 +329,8 @@ def load_mooncake(path: Path) -> FlexTrace:
 # --- production parsers (pure) -----------------------------------------------------------
 
 
-def _parse_alibaba(source: str, name: str, lines: list[str]) -> ProductionTrace:
-    _expect_header(source, lines, ALIBABA_HEADER)
-    columns = _alibaba_fast(lines)
-    if columns is None:  # something is off: the checked pass names it (or the blank lines)
-        columns = _alibaba_checked(source, lines)
-    values, times, row_lines = columns
+def _parse_alibaba(source: str, name: str, lines: Iterator[str]) -> ProductionTrace:
+    values, times, row_lines = _alibaba_columns(source, lines)
     samples, sample_of_row = np.unique(times, return_inverse=True)
     if samples.size < 2:
         raise TraceError(
@@ -333,62 +358,51 @@ _AlibabaColumns = tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int
 """Duty cycles (%), timestamps and line numbers of the data rows."""
 
 
-def _alibaba_fast(lines: list[str]) -> _AlibabaColumns | None:
-    """The columns of a clean file in one vectorised pass (the real one has 90k rows), or
-    None at the first doubt; it accepts exactly what ``_alibaba_checked`` accepts."""
-    data = lines[1:-1] if len(lines) > 1 and lines[-1] == "" else lines[1:]
-    try:
-        rows = list(csv.reader(data))
-        values = np.asarray(list(map(float, (r[0] for r in rows))), dtype=np.float64)
-        times = np.asarray(list(map(float, (r[1] for r in rows))), dtype=np.float64)
-        containers = [r[2].strip() for r in rows]
-    except (csv.Error, ValueError, IndexError):
-        return None
-    clean = (
-        0 < len(rows) == len(data)
-        and all(len(r) == 3 for r in rows)
-        and bool(np.isfinite(values).all() and (values >= 0).all() and (values <= 100).all())
-        and bool(np.isfinite(times).all() and (times >= 0).all())
-        and all(containers)
-        and len(set(zip(times.tolist(), containers, strict=True))) == len(rows)
-    )
-    return (values, times, np.arange(2, len(rows) + 2)) if clean else None
-
-
-def _alibaba_checked(source: str, lines: list[str]) -> _AlibabaColumns:
-    """The columns, row by row, raising at the first malformed row."""
-    values: list[float] = []
-    stamps: list[float] = []
-    row_lines: list[int] = []
-    first_report: dict[tuple[float, str], int] = {}
+def _alibaba_columns(source: str, lines: Iterator[str]) -> _AlibabaColumns:
+    """The columns, row by row into flat arrays (8 bytes a cell), raising at the first
+    malformed row; a container reported twice at one timestamp is found afterwards."""
+    _expect_header(source, next(lines, ""), ALIBABA_HEADER)
+    values, stamps = flat("d"), flat("d")
+    row_lines, container_of_row = flat("q"), flat("q")
+    containers: dict[str, int] = {}
     for line, cells in _rows(source, lines, ALIBABA_HEADER):
         values.append(_real(source, line, "value", cells[0], 0.0, 100.0, "a duty cycle 0..100 %"))
-        stamp = _real(source, line, "timestamp_anon", cells[1], 0.0, math.inf, "seconds >= 0")
+        stamps.append(
+            _real(source, line, "timestamp_anon", cells[1], 0.0, math.inf, "seconds >= 0")
+        )
         container = cells[2].strip()
         if not container:
             raise TraceError(source, line, "container_ip", "expected a container id, found ''")
-        earlier = first_report.setdefault((stamp, container), line)
-        if earlier != line:
-            raise TraceError(
-                source,
-                line,
-                "container_ip",
-                f"expected each container once per timestamp, found {container} at "
-                f"{stamp:g} again (first on line {earlier})",
-            )
-        stamps.append(stamp)
+        container_of_row.append(containers.setdefault(container, len(containers)))
         row_lines.append(line)
     _expect_rows(source, stamps)
-    return np.asarray(values), np.asarray(stamps), np.asarray(row_lines, dtype=np.int64)
+    times = np.frombuffer(stamps, dtype=np.float64)
+    at = np.frombuffer(row_lines, dtype=np.int64)
+    owner = np.frombuffer(container_of_row, dtype=np.int64)
+    order = np.lexsort((at, owner, times))  # by time, container, then line
+    repeat = np.flatnonzero((np.diff(times[order]) == 0) & (np.diff(owner[order]) == 0)) + 1
+    if repeat.size:
+        again = repeat[np.argmin(at[order][repeat])]
+        repeated = np.zeros(order.size, dtype=bool)
+        repeated[repeat] = True
+        first = int(np.flatnonzero(~repeated[: again + 1])[-1])  # the group's first report
+        row, earlier = order[again], order[first]
+        names = list(containers)
+        raise TraceError(
+            source,
+            int(at[row]),
+            "container_ip",
+            f"expected each container once per timestamp, found {names[owner[row]]} at "
+            f"{times[row]:g} again (first on line {int(at[earlier])})",
+        )
+    return np.frombuffer(values, dtype=np.float64), times, at
 
 
-def _parse_demand(source: str, name: str, lines: list[str]) -> ProductionTrace:
-    columns = DEMAND_DUTY_HEADER if _header(lines) == _lower(DEMAND_DUTY_HEADER) else DEMAND_HEADER
-    _expect_header(source, lines, columns)
-    stamps: list[float] = []
-    gpus: list[int] = []
-    duty: list[float] = []
-    row_lines: list[int] = []
+def _parse_demand(source: str, name: str, lines: Iterator[str]) -> ProductionTrace:
+    first, lines = _peeked(lines)
+    columns = DEMAND_DUTY_HEADER if _header(first) == _lower(DEMAND_DUTY_HEADER) else DEMAND_HEADER
+    _expect_header(source, next(lines), columns)
+    stamps, gpus, duty, row_lines = flat("d"), flat("q"), flat("d"), flat("q")
     for line, cells in _rows(source, lines, columns):
         stamp = _real(source, line, "timestamp", cells[0], 0.0, math.inf, "seconds >= 0")
         if stamps and stamp <= stamps[-1]:
@@ -409,7 +423,7 @@ def _parse_demand(source: str, name: str, lines: list[str]) -> ProductionTrace:
     _expect_rows(source, stamps)
     if len(stamps) < 2:
         raise TraceError(source, None, "timestamp", "expected 2 samples at least, found 1")
-    times = np.asarray(stamps)
+    times = np.frombuffer(stamps, dtype=np.float64)
     spacing = np.diff(times)
     step = float(spacing.min())
     span = float(times[-1] - times[0])
@@ -425,8 +439,8 @@ def _parse_demand(source: str, name: str, lines: list[str]) -> ProductionTrace:
     samples = math.floor(steps + 1e-9) + 1
     grid = times[0] + np.arange(samples) * step
     row = np.searchsorted(times, grid + step * 1e-6, side="right") - 1
-    held = np.asarray(gpus, dtype=np.int64)[row]
-    busy = held * np.asarray(duty, dtype=np.float64)[row]
+    held = np.frombuffer(gpus, dtype=np.int64)[row]
+    busy = held * np.frombuffer(duty, dtype=np.float64)[row]
     return ProductionTrace(name, float(times[0]), step, held, busy)
 
 
@@ -499,31 +513,33 @@ def demand_csv(samples: Sequence[tuple[float, float, float | None]], *, source: 
 # --- flex parsers (pure) -----------------------------------------------------------------
 
 
-def _parse_azure(source: str, name: str, lines: list[str]) -> FlexTrace:
-    _expect_header(source, lines, AZURE_HEADER)
-    ticks: list[int] = []
-    context: list[int] = []
-    generated: list[int] = []
+def _parse_azure(source: str, name: str, lines: Iterator[str]) -> FlexTrace:
+    _expect_header(source, next(lines, ""), AZURE_HEADER)
+    first: int | None = None
+    previous = 0
+    arrival, context, generated = flat("d"), flat("q"), flat("q")
     for line, cells in _rows(source, lines, AZURE_HEADER):
         tick = _azure_ns(source, line, cells[0])
-        if ticks and tick < ticks[-1]:
+        if first is None:
+            first = previous = tick
+        if tick < previous:
             raise TraceError(
                 source,
                 line,
                 "TIMESTAMP",
                 f"expected a time at or after the previous row's, found {cells[0].strip()!r}",
             )
-        ticks.append(tick)
+        previous = tick
+        arrival.append((tick - first) / 1e9)
         context.append(_count(source, line, "ContextTokens", cells[1], minimum=1))
         generated.append(_count(source, line, "GeneratedTokens", cells[2], minimum=1))
-    _expect_rows(source, ticks)
-    first = ticks[0]
-    size = len(ticks)
+    _expect_rows(source, arrival)
+    size = len(arrival)
     return FlexTrace(
         source=name,
-        arrival_s=np.asarray([(t - first) / 1e9 for t in ticks], dtype=np.float64),
-        input_tokens=np.asarray(context, dtype=np.int64),
-        output_tokens=np.asarray(generated, dtype=np.int64),
+        arrival_s=np.frombuffer(arrival, dtype=np.float64),
+        input_tokens=np.frombuffer(context, dtype=np.int64),
+        output_tokens=np.frombuffer(generated, dtype=np.int64),
         prefix_blocks=np.zeros(size, dtype=np.int64),
         prefix_last_seen=np.full(size, np.nan),
         block_tokens=0,
@@ -549,12 +565,11 @@ def _azure_ns(source: str, line: int, text: str) -> int:
     return whole * 1_000_000_000 + int(fraction)
 
 
-def _parse_mooncake(source: str, name: str, lines: list[str]) -> FlexTrace:
-    stamps: list[float] = []
-    inputs: list[int] = []
-    outputs: list[int] = []
-    hashes: list[list[int]] = []
-    for line, text in enumerate(lines, 1):
+def _parse_mooncake(source: str, name: str, lines: Iterator[str], start: int = 1) -> FlexTrace:
+    stamps, inputs, outputs = flat("d"), flat("q"), flat("q")
+    flat_ids, id_counts = flat("q"), flat("q")
+    previous: float = 0.0
+    for line, text in enumerate(lines, start):
         if not text.strip():
             continue
         try:
@@ -562,6 +577,10 @@ def _parse_mooncake(source: str, name: str, lines: list[str]) -> FlexTrace:
         except json.JSONDecodeError as exc:
             raise TraceError(
                 source, line, None, f"expected a JSON object, found bad JSON ({exc.msg})"
+            ) from None
+        except RecursionError:
+            raise TraceError(
+                source, line, None, "expected a JSON object, found JSON nested too deeply"
             ) from None
         if not isinstance(record, dict):
             raise TraceError(
@@ -575,13 +594,14 @@ def _parse_mooncake(source: str, name: str, lines: list[str]) -> FlexTrace:
             raise TraceError(
                 source, line, "timestamp", f"expected milliseconds >= 0, found {stamp!r}"
             )
-        if stamps and stamp < stamps[-1]:
+        if stamps and stamp < previous:
             raise TraceError(
                 source,
                 line,
                 "timestamp",
-                f"expected a time at or after the previous row's {stamps[-1]!r}, found {stamp!r}",
+                f"expected a time at or after the previous row's {previous!r}, found {stamp!r}",
             )
+        previous = stamp
         for key in ("input_length", "output_length"):
             tokens = record[key]
             if type(tokens) is not int or not 1 <= tokens < _MAX_INT:
@@ -592,6 +612,10 @@ def _parse_mooncake(source: str, name: str, lines: list[str]) -> FlexTrace:
         if not isinstance(ids, list) or not all(type(i) is int for i in ids):
             raise TraceError(
                 source, line, "hash_ids", f"expected a list of integers, found {_shown(ids)}"
+            )
+        if ids and not -_MAX_INT < min(ids) <= max(ids) < _MAX_INT:
+            raise TraceError(
+                source, line, "hash_ids", f"expected ids below 2^53 in size, found {_shown(ids)}"
             )
         blocks = -(-record["input_length"] // MOONCAKE_BLOCK_TOKENS)
         if len(ids) != blocks:
@@ -605,16 +629,23 @@ def _parse_mooncake(source: str, name: str, lines: list[str]) -> FlexTrace:
         stamps.append(stamp)
         inputs.append(record["input_length"])
         outputs.append(record["output_length"])
-        hashes.append(ids)
+        flat_ids.extend(ids)
+        id_counts.append(len(ids))
     _expect_rows(source, stamps)
-    arrival = (np.asarray(stamps, dtype=np.float64) - stamps[0]) / 1000
-    input_tokens = np.asarray(inputs, dtype=np.int64)
-    blocks, last_seen = prefix_reuse(arrival, input_tokens, hashes, MOONCAKE_BLOCK_TOKENS)
+    arrival = (np.frombuffer(stamps, dtype=np.float64) - stamps[0]) / 1000
+    input_tokens = np.frombuffer(inputs, dtype=np.int64)
+    blocks, last_seen = _prefix_reuse_flat(
+        arrival,
+        input_tokens,
+        np.frombuffer(flat_ids, dtype=np.int64),
+        np.frombuffer(id_counts, dtype=np.int64),
+        MOONCAKE_BLOCK_TOKENS,
+    )
     return FlexTrace(
         source=name,
         arrival_s=arrival,
         input_tokens=input_tokens,
-        output_tokens=np.asarray(outputs, dtype=np.int64),
+        output_tokens=np.frombuffer(outputs, dtype=np.int64),
         prefix_blocks=blocks,
         prefix_last_seen=last_seen,
         block_tokens=MOONCAKE_BLOCK_TOKENS,
@@ -634,24 +665,55 @@ def prefix_reuse(
     always computes the last prompt token). ``prefix_last_seen`` is the latest earlier
     arrival that held the prefix's last block: the one an LRU cache would have kept longest.
     """
+    laid = np.fromiter(itertools.chain.from_iterable(hash_ids), dtype=np.int64)
+    counts = np.fromiter((len(ids) for ids in hash_ids), dtype=np.int64, count=len(hash_ids))
+    return _prefix_reuse_flat(arrival_s, input_tokens, laid, counts, block_tokens)
+
+
+def _prefix_reuse_flat(
+    arrival_s: NDArray[np.float64],
+    input_tokens: NDArray[np.int64],
+    flat_ids: NDArray[np.int64],
+    counts: NDArray[np.int64],
+    block_tokens: int,
+) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """``prefix_reuse`` of the requests' ids laid end to end (``counts`` a request), by
+    sorting rather than a dict of every id seen: a few flat arrays of ``flat_ids``'s length
+    (tens of bytes an id) instead of a Python object per id."""
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
-    size = len(hash_ids)
-    blocks = np.zeros(size, dtype=np.int64)
+    size = counts.size
+    if arrival_s.size != size or input_tokens.size != size:
+        raise ValueError("arrival_s, input_tokens and hash_ids must have one entry a request")
+    if flat_ids.size >= 2**31:  # TRACE_BYTES keeps a trace far below: an id takes 2 bytes
+        raise ValueError(f"at most 2^31 hash ids, got {flat_ids.size}")
+    request = np.repeat(np.arange(size, dtype=np.int32), counts)
+    order = np.argsort(flat_ids, kind="stable").astype(np.int32)  # by id, then by request
+    same_id = np.diff(flat_ids[order]) == 0
+    by_request = request[order]
+    del request
+    run_start = np.ones(order.size, dtype=bool)  # a run: one id within one request
+    run_start[1:] = ~same_id | (np.diff(by_request) != 0)
+    # the request before this run that held the id (-1: none), carried along the run
+    before = np.full(order.size, -1, dtype=np.int32)
+    starts = np.flatnonzero(run_start)
+    later = starts[starts > 0]
+    before[later] = np.where(same_id[later - 1], by_request[later - 1], -1)
+    del same_id, by_request, starts, later
+    fill = np.arange(order.size, dtype=np.int32)
+    fill[~run_start] = 0
+    np.maximum.accumulate(fill, out=fill)
+    held_before = np.empty(order.size, dtype=np.int32)
+    held_before[order] = before[fill]
+    del order, before, fill, run_start
+    first = np.cumsum(counts) - counts
+    new = np.flatnonzero(held_before < 0)
+    miss = np.searchsorted(new, first)
+    run = np.minimum(np.append(new, flat_ids.size)[miss] - first, counts)
+    blocks = np.minimum(run, np.maximum(input_tokens - 1, 0) // block_tokens).astype(np.int64)
     last_seen = np.full(size, np.nan)
-    latest: dict[int, float] = {}
-    for i, (ids, arrival, tokens) in enumerate(
-        zip(hash_ids, arrival_s.tolist(), input_tokens.tolist(), strict=True)
-    ):
-        limit = min(len(ids), (tokens - 1) // block_tokens)
-        shared = 0
-        while shared < limit and ids[shared] in latest:
-            shared += 1
-        if shared:
-            blocks[i] = shared
-            last_seen[i] = latest[ids[shared - 1]]
-        for block in ids:
-            latest[block] = arrival
+    has = np.flatnonzero(blocks > 0)
+    last_seen[has] = arrival_s[held_before[first[has] + blocks[has] - 1]]
     return blocks, last_seen
 
 
@@ -662,9 +724,9 @@ def _lower(columns: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(c.lower() for c in columns)
 
 
-def _header(lines: list[str]) -> tuple[str, ...]:
+def _header(first: str) -> tuple[str, ...]:
     """Line 1 as trimmed, lower-case cells: headers match exactly but for case and spaces."""
-    return tuple(c.strip().lower() for c in lines[0].split(","))
+    return tuple(c.strip().lower() for c in first.split(","))
 
 
 def _shown(value: object) -> str:
@@ -679,13 +741,13 @@ def _shown_line(text: str) -> str:
     return _shown(text) if text.strip() else "an empty line"
 
 
-def _expect_header(source: str, lines: list[str], columns: tuple[str, ...]) -> None:
-    if _header(lines) != _lower(columns):
+def _expect_header(source: str, first: str, columns: tuple[str, ...]) -> None:
+    if _header(first) != _lower(columns):
         raise TraceError(
             source,
             1,
             None,
-            f"expected the header {','.join(columns)}, found {_shown_line(lines[0])}",
+            f"expected the header {','.join(columns)}, found {_shown_line(first)}",
         )
 
 
@@ -695,10 +757,11 @@ def _expect_rows(source: str, rows: Sequence[object]) -> None:
 
 
 def _rows(
-    source: str, lines: list[str], columns: tuple[str, ...]
+    source: str, lines: Iterator[str], columns: tuple[str, ...]
 ) -> Iterator[tuple[int, list[str]]]:
-    """``(line, cells)`` of each non-blank data row, with exactly ``len(columns)`` cells."""
-    reader = csv.reader(lines[1:])
+    """``(line, cells)`` of each non-blank data row (``lines`` from line 2 on), with exactly
+    ``len(columns)`` cells."""
+    reader = csv.reader(lines)
     want = len(columns)
     expected = f"expected {want} columns ({','.join(columns)})"
     try:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from policy.bounded_read import MODEL_CONFIG_BYTES, FileRefused, read_text
+
 DTYPE_BYTES: Mapping[str, int] = {
     "bfloat16": 2,
     "float16": 2,
@@ -99,22 +101,36 @@ class ModelSpec:
         return self.param_count * self.dtype_bytes // tp
 
 
+def read_model_config(file: Path) -> str:
+    """The text of a model config file a policy or command names, at most ``CONFIG_BYTES``
+    of a regular file (``hf_config: /dev/zero`` is refused, not read); raises ``FileRefused``
+    or ``OSError``."""
+    return read_text(file, MODEL_CONFIG_BYTES)
+
+
 def load_model_spec(path: Path) -> ModelSpec:
     """Read a Hugging Face ``config.json`` (or the model directory that holds one)."""
     file = path / "config.json" if path.is_dir() else path
     try:
-        document = json.loads(file.read_text(encoding="utf-8"))
+        document = json.loads(read_model_config(file))
     except FileNotFoundError:
         raise ModelConfigError(
             str(file),
             "<file>",
             "file not found (expected a Hugging Face config.json, or a directory holding one)",
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except FileRefused as exc:
+        at = "" if exc.line is None else f" (line {exc.line})"
+        raise ModelConfigError(str(file), "<file>", f"{exc}{at}") from None
+    except OSError as exc:
         raise ModelConfigError(str(file), "<file>", f"cannot read file: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ModelConfigError(
             str(file), "<file>", f"invalid JSON at line {exc.lineno}: {exc.msg}"
+        ) from None
+    except RecursionError:
+        raise ModelConfigError(
+            str(file), "<file>", "expected a config.json, found JSON nested too deeply"
         ) from None
     return parse_model_config(document, str(file))
 

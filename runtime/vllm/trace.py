@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from policy.bounded_read import TRACE_BYTES, TRACE_LINE_BYTES, FileRefused, read_lines
+
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
@@ -33,11 +35,12 @@ class TraceRequest:
 def load_azure_trace(path: Path) -> list[TraceRequest]:
     """Every request of an Azure-format CSV, in file order."""
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.reader(handle))
+        rows = list(csv.reader(read_lines(path, TRACE_BYTES, TRACE_LINE_BYTES)))
     except FileNotFoundError:
         raise TraceError(f"{path}:0: file not found") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+    except FileRefused as exc:
+        raise TraceError(f"{path}:{exc.line or 0}: {exc}") from None
+    except (OSError, csv.Error) as exc:
         raise TraceError(f"{path}:0: cannot read trace: {exc}") from None
     if not rows or tuple(c.strip() for c in rows[0]) != AZURE_COLUMNS:
         found = ",".join(rows[0]) if rows else "an empty file"

@@ -6,13 +6,20 @@ numbers across ``int32`` and beyond. The oracles are the consumers' own rules, w
 from their sources (not imported from ``policy``): what the Kubernetes API server,
 Prometheus and the registries accept. Go's ``regexp`` anchors ``$`` at the end of the text
 and its ``\\w``/``\\d`` are ASCII, so each is a Python ``fullmatch`` under ``re.ASCII``.
+
+``trace_files`` draws trace files the same way, from a grammar of good and malformed rows;
+``write_azure_trace`` and ``write_mooncake_trace`` write large well-formed ones.
 """
 
 from __future__ import annotations
 
+import gzip
 import io
+import json
+import math
 import re
 import subprocess
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +246,192 @@ def check_field(folder: Path, doc: Any, field: str, value: Any, valid: bool) -> 
     if not valid:
         assert field in paths, (field, value, paths)
     return False
+
+
+# --- trace files, from a grammar of rows -----------------------------------------------------
+
+AZURE_TRACE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
+DEMAND_TRACE_HEADER = "timestamp,gpus_demanded,duty_cycle"
+"""Headers of the flex and production traces ``trace_files`` draws."""
+
+_cell = st.one_of(
+    st.sampled_from(["", " ", "-1", "0", "1", "1e309", "nan", "inf", "0x10", "1_000", "\u0665"]),
+    st.integers(-(2**70), 2**70).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    any_text.filter(lambda t: "\n" not in t and "\r" not in t),
+)
+"""A CSV cell: numbers at and past every bound, look-alike digits, text of any script."""
+
+
+@st.composite
+def _azure_row(draw: st.DrawFn, ms: int, broken: bool) -> str:
+    second = ms // 1000
+    stamp = f"2023-11-16 {18 + second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}"
+    stamp += f".{ms % 1000:03d}{draw(st.integers(0, 9999)):04d}"
+    good = f"{stamp},{draw(st.integers(1, 9000))},{draw(st.integers(1, 900))}"
+    if not broken:
+        return good
+    return draw(
+        st.one_of(
+            st.builds(lambda c: good.rsplit(",", 1)[0] + "," + c, _cell),  # a bad last cell
+            st.builds(lambda c: c + good[len(stamp) :], _cell),  # a bad time
+            st.just(good + ",1"),  # a column too many
+            st.just(stamp),  # columns missing
+            st.just('"' + good),  # an open quote
+            st.just(""),  # a blank line
+        )
+    )
+
+
+@st.composite
+def _mooncake_row(draw: st.DrawFn, ms: int, broken: bool) -> str:
+    tokens = draw(st.integers(1, 3000))
+    ids = draw(st.lists(st.integers(0, 50), min_size=-(-tokens // 512), max_size=-(-tokens // 512)))
+    record: dict[str, Any] = {
+        "timestamp": ms,
+        "input_length": tokens,
+        "output_length": draw(st.integers(1, 500)),
+        "hash_ids": ids,
+    }
+    key = draw(st.sampled_from(sorted(record)))
+    depth = draw(st.sampled_from([2, 50, 5_000, 50_000]))
+    change = draw(
+        st.one_of(
+            st.just("drop"),
+            st.just("nested"),
+            st.builds(lambda v: ("set", v), numbers),
+            st.builds(lambda v: ("set", v), any_text),
+            st.just(("set", [2**63, 1])),
+            st.just(("set", [True])),
+        )
+    )
+    if not broken:
+        return json.dumps(record)
+    if change == "drop":
+        del record[key]
+    elif change == "nested":  # hash_ids nested until the parser's stack runs out
+        return (
+            json.dumps(record)[:-1].replace('"hash_ids": [', '"hash_ids": ' + "[" * depth, 1)
+            + "]" * depth
+            + "}"
+        )
+    else:
+        record[key] = change[1]
+    if any(isinstance(v, float) and not math.isfinite(v) for v in record.values()):
+        return str(record)  # not JSON: Python's repr of the record
+    return json.dumps(record)
+
+
+@st.composite
+def _csv_row(draw: st.DrawFn, good: list[str], broken: bool) -> str:
+    """A CSV row of ``good`` cells, or (``broken``) with one cell drawn from ``_cell``, a cell
+    too many or too few, an open quote, or blank."""
+    cells = list(good)
+    if not broken:
+        return ",".join(cells)
+    change = draw(st.sampled_from(["cell", "more", "fewer", "quote", "blank"]))
+    if change == "cell":
+        cells[draw(st.integers(0, len(cells) - 1))] = draw(_cell)
+    elif change == "more":
+        cells.append("1")
+    elif change == "fewer":
+        cells.pop()
+    elif change == "quote":
+        cells[0] = '"' + cells[0]
+    elif change == "blank":
+        cells = [""]
+    return ",".join(cells)
+
+
+def _production_lines(draw: st.DrawFn, kind: str, rows: int, bad: int | None) -> list[str]:
+    """A demand trace (a sample a minute, jittered) or an Alibaba one (four containers a
+    minute) of ``rows`` rows, row ``bad`` broken by ``_csv_row``."""
+    if kind == "demand":
+        good = [
+            [f"{i * 60 + draw(st.integers(0, 59))}", str(draw(st.integers(0, 64))), "0.5"]
+            for i in range(rows)
+        ]
+        header = DEMAND_TRACE_HEADER
+    else:
+        good = [
+            [f"{draw(st.floats(0, 100)):.2f}", f"{i // 4 * 60}", f"10.0.0.{i % 4}"]
+            for i in range(rows)
+        ]
+        header = "value,timestamp_anon,container_ip"
+    return [header, *(draw(_csv_row(r, i == bad)) for i, r in enumerate(good))]
+
+
+TRACE_KINDS = {
+    "azure": ".csv",
+    "mooncake": ".jsonl",
+    "demand": ".csv",
+    "alibaba": ".csv",
+}
+"""Kinds of trace ``trace_files`` draws: two flex, two production; their file suffix."""
+
+
+@st.composite
+def trace_files(draw: st.DrawFn) -> tuple[str, str, bytes]:
+    """``(kind, file name, bytes)`` of a trace (``TRACE_KINDS``), rows drawn from a grammar of
+    good and malformed rows, arriving in bursts (many in one second) or spread out,
+    sometimes truncated or gzipped (whole or cut short)."""
+    kind = draw(st.sampled_from(sorted(TRACE_KINDS)))
+    rows = draw(st.integers(0, 30))
+    bad = draw(st.one_of(st.none(), st.integers(0, max(rows - 1, 0))))  # the broken row
+    burst = draw(st.booleans())
+    times = sorted(
+        draw(st.lists(st.integers(0, 999 if burst else 7_200_000), min_size=rows, max_size=rows))
+    )
+    if kind == "azure":
+        lines = [AZURE_TRACE_HEADER, *(draw(_azure_row(t, i == bad)) for i, t in enumerate(times))]
+    elif kind == "mooncake":
+        lines = [draw(_mooncake_row(t, i == bad)) for i, t in enumerate(times)]
+    else:
+        lines = _production_lines(draw, kind, rows, bad)
+    ending = draw(st.sampled_from(["\n", "\r\n"]))
+    data = (ending.join(lines) + draw(st.sampled_from(["", ending]))).encode()
+    data = data[: draw(st.integers(0, len(data)))] if bad is not None else data
+    suffix = TRACE_KINDS[kind]
+    packing = draw(
+        st.sampled_from(["plain", "gz", "gz-cut"] if bad is not None else ["plain", "gz"])
+    )
+    if packing == "plain":
+        return kind, f"trace{suffix}", data
+    packed = gzip.compress(data)
+    if packing == "gz-cut":
+        packed = packed[: draw(st.integers(0, len(packed) - 1))]
+    return kind, f"trace{suffix}.gz", packed
+
+
+def write_azure_trace(path: Path, size: int) -> None:
+    """An Azure trace of about ``size`` bytes: 50 requests a second, token counts varied."""
+    start = datetime(2023, 11, 16, 18)
+    written, row = 0, 0
+    with path.open("w") as out:
+        written += out.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+        while written < size:
+            stamp = (start + timedelta(seconds=row // 50)).isoformat(" ")
+            written += out.write(f"{stamp}.{row % 50:07d},{row % 7919 + 1},{row % 499 + 1}\n")
+            row += 1
+
+
+def write_mooncake_trace(path: Path, size: int) -> None:
+    """A Mooncake trace of about ``size`` bytes: a request every 10 ms, prompts of up to 16
+    blocks, a varying share of them a prefix shared with earlier requests."""
+    written, row, fresh = 0, 0, 10**6
+    with path.open("w") as out:
+        while written < size:
+            tokens = 100 + row * 7919 % 8000
+            blocks = -(-tokens // 512)
+            shared = row % (blocks + 1)
+            ids = [row % 100 * 100 + k for k in range(shared)]
+            ids += range(fresh, fresh + blocks - shared)
+            fresh += blocks - shared
+            record = {
+                "timestamp": row * 10,
+                "input_length": tokens,
+                "output_length": 1 + row % 499,
+                "hash_ids": ids,
+            }
+            written += out.write(json.dumps(record) + "\n")
+            row += 1

@@ -234,7 +234,9 @@ def test_an_unreadable_repository_policy_is_an_error_not_the_default(
         result = runner.invoke(app, args)
         assert result.exit_code == 1
         assert result.stderr.splitlines()[0] == REPOSITORY_NOTE.strip()
-        assert result.stderr.splitlines()[1].startswith("policy/pool.yaml:0: cannot read file: ")
+        assert result.stderr.splitlines()[1] == (
+            "policy/pool.yaml:0: expected a regular file, found a directory"
+        )
     assert not (tmp_path / "build").exists()
 
 
