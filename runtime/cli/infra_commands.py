@@ -78,7 +78,7 @@ def render(
     options = ServingOptions(serving, objective_api)
     path = policy_file(file, example=example)
     with reported_errors():
-        inputs = load_inputs(path, serving=options)
+        inputs = load_inputs(path, serving=options, target=target)
         documents = render_inputs(
             inputs, target=target, hpa_tolerance=hpa_tolerance, serving=options
         ).documents
@@ -142,7 +142,7 @@ def demo(
     loop (pooled vs fixed topology)."""
     path = policy_file(file, example=example)
     with reported_errors():
-        inputs = load_inputs(path)
+        inputs = load_inputs(path, target=target)
         rendered = render_inputs(inputs, target=target)
         objects = rendered.objects
         folder = out or Path(tempfile.mkdtemp(prefix="gpupool-demo-"))
