@@ -106,11 +106,6 @@ GPU_TOLERATION: Manifest = {"key": GPU_RESOURCE, "operator": "Exists", "effect":
 """The common ``nvidia.com/gpu`` taint's toleration, as the flex pods have it."""
 
 
-def production_tolerations(policy: PoolPolicy) -> list[Manifest]:
-    """The pool toleration, then the GPU taint's."""
-    return [pool_toleration(policy), dict(GPU_TOLERATION)]
-
-
 def required_expression(policy: PoolPolicy) -> Manifest:
     """REQUIRED of every production pod: ``<pool_label> In [prod, flex...]``."""
     pools = [policy.prod_pool.name, *(p.name for p in policy.flex_pools)]
@@ -120,21 +115,6 @@ def required_expression(policy: PoolPolicy) -> Manifest:
 def preferred_expression(policy: PoolPolicy) -> Manifest:
     """PREFERRED (weight ``PREFER_PROD_WEIGHT``): ``<pool_label> In [prod]``."""
     return {"key": policy.cluster.pool_label, "operator": "In", "values": [policy.prod_pool.name]}
-
-
-def production_node_affinity(policy: PoolPolicy) -> Manifest:
-    """Required: a gpupool pool (prod or flex). Preferred, weight 100: the prod pool. What a
-    pod without node affinity ends up with (``merged_node_affinity`` of an empty one)."""
-    return merged_node_affinity(policy, {})
-
-
-def pod_patch(policy: PoolPolicy) -> Manifest:
-    """What a production pod template's ``spec`` without tolerations or affinity gets."""
-    return {
-        "priorityClassName": policy.priorities.production.name,
-        "tolerations": production_tolerations(policy),
-        "affinity": {"nodeAffinity": production_node_affinity(policy)},
-    }
 
 
 def _keyed(items: list[Any], field: str, value: object, new: Manifest) -> list[Any]:

@@ -35,7 +35,7 @@ from infra.builders.production import (
     autoscaler,
     kustomize_component,
     patch_object,
-    pod_patch,
+    patched_pod_spec,
     production_adapter_rules,
     production_autoscalers,
 )
@@ -93,6 +93,11 @@ def policy_of(*production: dict[str, Any], edits: dict[str, Any] | None = None) 
     doc = edited(edits)
     doc["production"] = [copy.deepcopy(p) for p in production]
     return parse_policy(doc)
+
+
+def pod_patch(policy: PoolPolicy) -> Manifest:
+    """What a pod template without tolerations or affinity gets."""
+    return patched_pod_spec(policy, {})
 
 
 def problems_of(*production: dict[str, Any], edits: dict[str, Any] | None = None) -> list[Any]:
