@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.builders.meta import Manifest
-from infra.builders.nodepools import TARGETS
+from infra.builders.nodepools import TARGETS, Target
 from infra.builders.serving import DEFAULT_SERVING, ServingOptions, serving_problems
 from infra.bundle import (
     INFERENCE_WORKLOAD,
@@ -32,6 +32,7 @@ from policy.base import (
     check_service_name,
 )
 from policy.loader import locate, read_yaml
+from policy.production import unlabelled_production
 from runtime.vllm import (
     BackendError,
     KvPlanError,
@@ -59,11 +60,17 @@ class BundleInputs:
     """``policy.policy_warnings``: valid but probably not meant; the CLI prints them."""
 
 
-def load_inputs(policy_path: Path, serving: ServingOptions = DEFAULT_SERVING) -> BundleInputs:
+def load_inputs(
+    policy_path: Path,
+    serving: ServingOptions = DEFAULT_SERVING,
+    target: Target | None = None,
+) -> BundleInputs:
     """Read and validate the policy, then derive the vLLM args of every workload.
 
     Raises PolicyError listing every problem (policy, model config, derived object names,
-    what the stack's ``serving`` mode needs: ``serving_problems``) before anything is built.
+    what the stack's ``serving`` mode needs: ``serving_problems``, and with ``target``
+    ``labels`` production declared before its nodes are: ``unlabelled_production``) before
+    anything is built.
     """
     source = str(policy_path)
     document = read_yaml(policy_path)
@@ -86,6 +93,9 @@ def load_inputs(policy_path: Path, serving: ServingOptions = DEFAULT_SERVING) ->
         locate(document, source, path, msg)
         for path, msg in serving_problems(policy, serving) or serving_name_problems(policy, serving)
     ]
+    unlabelled = unlabelled_production(policy) if target == "labels" else None
+    if unlabelled is not None:
+        problems.append(locate(document, source, *unlabelled))
     if problems:
         raise PolicyError(sorted(problems, key=lambda p: (p.line, p.path)))
     return BundleInputs(policy, args, tuple(policy_warnings(policy, document, source)))

@@ -2,8 +2,8 @@
 
 A stack that declares the production Deployments/StatefulSets itself (pulumi_kubernetes)
 adds gpupool's patch to them with one resource option; the patch is
-``infra.builders.production.patch_object``, the same builder the Kustomize component is
-rendered from::
+``infra.builders.production.patch_object``, which merges exactly as the Kustomize component
+does (tested equal on the same objects)::
 
     from infra.production_patch import production_transformation
     from policy import load_policy

@@ -149,7 +149,7 @@ def run(settings: StackSettings) -> list[BundleComponent]:
     ``FILE:LINE: path: message`` lines ``gpupool validate`` prints (no traceback).
     """
     try:
-        inputs = load_inputs(settings.policy_path, serving=settings.serving)
+        inputs = load_inputs(settings.policy_path, serving=settings.serving, target=settings.target)
     except PolicyError as exc:
         raise pulumi.RunError(str(exc)) from None
     groups = build_groups(

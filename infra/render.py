@@ -69,11 +69,11 @@ def render_documents(objects: Iterable[Manifest]) -> dict[str, str]:
 
 
 def production_documents(policy: PoolPolicy) -> dict[str, str]:
-    """``_production/kustomization.yaml``: the production Component; empty without any."""
-    component = kustomize_component(policy)
-    if component is None:
-        return {}
-    return {f"{PRODUCTION_DIR}/{KUSTOMIZATION}": HEADER + to_yaml(component, sort_keys=True)}
+    """``_production/``: the production Component's files; empty without a reference."""
+    return {
+        f"{PRODUCTION_DIR}/{name}": HEADER + to_yaml(doc, sort_keys=True)
+        for name, doc in kustomize_component(policy).items()
+    }
 
 
 def adapter_documents(policy: PoolPolicy) -> dict[str, str]:

@@ -1,28 +1,27 @@
 """What the owner's production workloads need to take GPUs back from flex (pure).
 
-One builder, ``pod_patch``, says what every production pod template gets:
+What every production pod template gets, merged with what it has (``patched_pod_spec``):
 
 - ``priorityClassName`` = ``priorities.production`` (it preempts flex pods, priority -1);
-- a toleration of every tainted gpupool pool's taint (``nodepools.pool_taint``: the flex
-  pools, and the prod pool itself when it is tainted) and of the common ``nvidia.com/gpu``
-  taint, as the flex pods have;
-- ``affinity.nodeAffinity``: REQUIRED to be on a gpupool pool (prod or flex, by the pool
-  label) and PREFERRED (weight 100) on the prod pool, so production fills the prod pool
-  first and lands on flex only when it must.
+- ``pool_toleration`` (``<pool_label> Exists``: every gpupool pool's taint), replacing the
+  pod's own toleration of that key, and ``GPU_TOLERATION`` (``nvidia.com/gpu``), as the flex
+  pods have; the pod's other tolerations are kept;
+- ``merged_node_affinity``: every required term also REQUIRES a gpupool pool (prod or flex,
+  by the pool label), and the weight-100 preferred term PREFERS the prod pool, so production
+  fills the prod pool first and lands on flex only when it must; the pod's own terms, and
+  podAffinity/podAntiAffinity, are kept.
 
-Two renderings of that one patch, with the same result on the same object (tested):
+Two renderings of that one patch, with the same result on the same object (tested with
+``kubectl kustomize`` on Deployments and StatefulSets with and without those lists):
 
 - ``kustomize_component``: a Kustomize ``Component`` for owners who build their manifests
-  with Kustomize (``components: [.../_production]``). Per reference, a strategic-merge patch
-  sets ``priorityClassName`` and ``nodeAffinity`` and a JSON 6902 patch appends each
-  toleration, because a strategic merge would replace the whole ``tolerations`` list (it has
-  no merge key) and drop the owner's own tolerations.
+  with Kustomize (``components: [.../_production]``). A strategic merge replaces lists that
+  have no merge key (tolerations, node selector terms) and a JSON 6902 append needs the list
+  to exist, so the merges are ``replacements`` with ``create`` from a ``local-config`` values
+  object (``kustomize_replacements``, in the nested ``lists/`` Component, which runs first);
+  then patches set the priority class and append the GPU toleration.
 - ``patch_object``: the same on an object dict, which ``infra.production_patch`` applies as a
   Pulumi transformation for stacks that declare the production workloads in Pulumi.
-
-``affinity.nodeAffinity`` is replaced as a whole in both (podAffinity and podAntiAffinity
-are kept); an owner's own node constraint belongs in ``nodeSelector``, which the scheduler
-ANDs with it.
 
 With ``scale_on: gpu_utilization`` the workload also gets an autoscaling/v2 HPA on the Pods
 metric ``GPU_UTILIZATION_METRIC``, which prometheus-adapter serves with
@@ -36,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from infra.builders.meta import Manifest, metadata
-from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT, pool_taint
+from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
 from infra.yaml_text import to_yaml
 from policy import PoolPolicy
 from policy.production import ProductionWorkload
@@ -82,57 +81,97 @@ SCALE_DOWN_PODS = 1
 _WORKLOAD_APIS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1"}
 """``apiVersion`` of each kind a production reference may name."""
 
+LISTS_DIR = "lists"
+"""Nested Component that merges into the pod's lists (``kustomize_replacements``)."""
 
-def production_tolerations(policy: PoolPolicy) -> list[Manifest]:
-    """Tolerations of every tainted gpupool pool (prod first, then flex) and of the GPU taint."""
-    tolerations: list[Manifest] = [
-        {"operator": "Equal", **pool_taint(policy, pool)}
-        for pool in [policy.prod_pool, *policy.flex_pools]
-        if pool.taint
-    ]
-    tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": TAINT_EFFECT})
-    return tolerations
+VALUES_FILE = "values.yaml"
+VALUES_API = "gpupool.io/v1"
+VALUES_KIND = "ProductionPatchValues"
+VALUES_NAME = "gpupool-production"
+"""The values object the replacements copy from (never applied: ``LOCAL_CONFIG``)."""
 
+LOCAL_CONFIG = "config.kubernetes.io/local-config"
+"""Annotation that keeps an object out of ``kustomize build``'s output."""
 
-def production_node_affinity(policy: PoolPolicy) -> Manifest:
-    """Required: a gpupool pool (prod or flex). Preferred, weight 100: the prod pool."""
-    label, prod = policy.cluster.pool_label, policy.prod_pool.name
-    pools = [prod, *(p.name for p in policy.flex_pools)]
-    return {
-        "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [
-                {"matchExpressions": [{"key": label, "operator": "In", "values": pools}]}
-            ]
-        },
-        "preferredDuringSchedulingIgnoredDuringExecution": [
-            {
-                "weight": PREFER_PROD_WEIGHT,
-                "preference": {
-                    "matchExpressions": [{"key": label, "operator": "In", "values": [prod]}]
-                },
-            }
-        ],
-    }
+_NODE_AFFINITY = "spec.template.spec.affinity.nodeAffinity"
 
 
-def pod_patch(policy: PoolPolicy) -> Manifest:
-    """What every production pod template's ``spec`` gets (the same for every reference)."""
-    return {
-        "priorityClassName": policy.priorities.production.name,
-        "tolerations": production_tolerations(policy),
-        "affinity": {"nodeAffinity": production_node_affinity(policy)},
-    }
+def pool_toleration(policy: PoolPolicy) -> Manifest:
+    """``<pool_label> Exists``, ``NoSchedule``: every gpupool pool's taint, whichever pools
+    are tainted (``nodepools.pool_taint``; only gpupool taints with its pool label)."""
+    return {"key": policy.cluster.pool_label, "operator": "Exists", "effect": TAINT_EFFECT}
+
+
+GPU_TOLERATION: Manifest = {"key": GPU_RESOURCE, "operator": "Exists", "effect": TAINT_EFFECT}
+"""The common ``nvidia.com/gpu`` taint's toleration, as the flex pods have it."""
+
+
+def required_expression(policy: PoolPolicy) -> Manifest:
+    """REQUIRED of every production pod: ``<pool_label> In [prod, flex...]``."""
+    pools = [policy.prod_pool.name, *(p.name for p in policy.flex_pools)]
+    return {"key": policy.cluster.pool_label, "operator": "In", "values": pools}
+
+
+def preferred_expression(policy: PoolPolicy) -> Manifest:
+    """PREFERRED (weight ``PREFER_PROD_WEIGHT``): ``<pool_label> In [prod]``."""
+    return {"key": policy.cluster.pool_label, "operator": "In", "values": [policy.prod_pool.name]}
+
+
+def _keyed(items: list[Any], field: str, value: object, new: Manifest) -> list[Any]:
+    """``items`` with the first element whose ``field`` is ``value`` replaced by ``new``, else
+    ``new`` appended: what Kustomize does for a ``[field=value]`` path with ``create``."""
+    out = list(items)
+    for i, item in enumerate(out):
+        if isinstance(item, Mapping) and str(item.get(field)) == str(value):
+            out[i] = new
+            return out
+    return [*out, new]
+
+
+def merged_node_affinity(policy: PoolPolicy, node_affinity: Mapping[str, Any]) -> Manifest:
+    """``node_affinity`` with gpupool's terms merged in, the owner's kept.
+
+    Required: every ``nodeSelectorTerms`` entry (they are ORed) gets the pool expression
+    (ANDed inside a term), replacing an expression of its own on the pool label; no term:
+    one term with the pool expression. Preferred: the term of weight ``PREFER_PROD_WEIGHT``
+    gets the prod-pool expression the same way; no such term: one is appended.
+    """
+    out = copy.deepcopy(dict(node_affinity))
+    label = policy.cluster.pool_label
+    required = dict(out.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = [dict(t or {}) for t in required.get("nodeSelectorTerms") or [{}]]
+    for term in terms:
+        term["matchExpressions"] = _keyed(
+            term.get("matchExpressions") or [], "key", label, required_expression(policy)
+        )
+    out["requiredDuringSchedulingIgnoredDuringExecution"] = required | {"nodeSelectorTerms": terms}
+    preferred = [dict(t) for t in out.get("preferredDuringSchedulingIgnoredDuringExecution") or []]
+    ours = next((t for t in preferred if str(t.get("weight")) == str(PREFER_PROD_WEIGHT)), None)
+    if ours is None:
+        ours = {"weight": PREFER_PROD_WEIGHT}
+        preferred.append(ours)
+    preference = dict(ours.get("preference") or {})
+    preference["matchExpressions"] = _keyed(
+        preference.get("matchExpressions") or [], "key", label, preferred_expression(policy)
+    )
+    ours |= {"weight": PREFER_PROD_WEIGHT, "preference": preference}
+    out["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    return out
 
 
 def patched_pod_spec(policy: PoolPolicy, pod_spec: Mapping[str, Any]) -> Manifest:
-    """``pod_spec`` with ``pod_patch`` applied: the priority class set, the tolerations
-    appended (each once), ``affinity.nodeAffinity`` replaced, everything else kept."""
-    patch = pod_patch(policy)
+    """``pod_spec`` with the production patch, the owner's fields kept: the priority class set;
+    the owner's toleration of the pool label replaced by ``pool_toleration`` (else it is
+    appended), then ``GPU_TOLERATION`` appended; ``merged_node_affinity``."""
     out = copy.deepcopy(dict(pod_spec))
-    out["priorityClassName"] = patch["priorityClassName"]
-    tolerations = list(out.get("tolerations") or [])
-    out["tolerations"] = tolerations + [t for t in patch["tolerations"] if t not in tolerations]
-    out["affinity"] = dict(out.get("affinity") or {}) | patch["affinity"]
+    out["priorityClassName"] = policy.priorities.production.name
+    tolerations = _keyed(
+        out.get("tolerations") or [], "key", policy.cluster.pool_label, pool_toleration(policy)
+    )
+    out["tolerations"] = [*tolerations, dict(GPU_TOLERATION)]
+    affinity = dict(out.get("affinity") or {})
+    affinity["nodeAffinity"] = merged_node_affinity(policy, affinity.get("nodeAffinity") or {})
+    out["affinity"] = affinity
     return out
 
 
@@ -172,40 +211,37 @@ def patch_object(
 def kustomize_target(workload: ProductionWorkload) -> Manifest:
     """The Kustomize patch ``target`` of one reference (its fields are anchored regexes)."""
     namespaces = dict.fromkeys([workload.namespace, UNSET_NAMESPACE])
-    target: Manifest = {
-        "group": "apps",
-        "version": "v1",
-        "kind": workload.kind,
-        "namespace": "|".join(namespaces),
-    }
+    return _selector(workload) | {"namespace": "|".join(namespaces)}
+
+
+def kustomize_selects(workload: ProductionWorkload) -> list[Manifest]:
+    """The replacement ``select``s of one reference: one per namespace it may have while the
+    Component runs (replacements match exact values, not regexes)."""
+    namespaces = dict.fromkeys([workload.namespace, UNSET_NAMESPACE])
+    return [{"select": _selector(workload) | {"namespace": ns}} for ns in namespaces]
+
+
+def _selector(workload: ProductionWorkload) -> Manifest:
+    out: Manifest = {"group": "apps", "version": "v1", "kind": workload.kind}
     if workload.name is not None:
-        target["name"] = workload.name
+        out["name"] = workload.name
     else:
-        target["labelSelector"] = workload.label_selector
-    return target
+        out["labelSelector"] = workload.label_selector
+    return out
 
 
 def kustomize_patches(policy: PoolPolicy, workload: ProductionWorkload) -> list[Manifest]:
-    """Two ``patches:`` entries for one reference: strategic merge, then JSON 6902."""
-    patch = pod_patch(policy)
+    """The top Component's two ``patches:`` entries for one reference: a strategic merge
+    setting ``priorityClassName``, then a JSON 6902 append of ``GPU_TOLERATION`` (the
+    ``lists`` Component has made sure the list exists)."""
     merge = {
         "apiVersion": _WORKLOAD_APIS[workload.kind],
         "kind": workload.kind,
         # Ignored with a target (Kustomize patches every object the target selects).
         "metadata": {"name": workload.name or "gpupool-production"},
-        "spec": {
-            "template": {
-                "spec": {
-                    "priorityClassName": patch["priorityClassName"],
-                    "affinity": patch["affinity"],
-                }
-            }
-        },
+        "spec": {"template": {"spec": {"priorityClassName": policy.priorities.production.name}}},
     }
-    append = [
-        {"op": "add", "path": "/spec/template/spec/tolerations/-", "value": toleration}
-        for toleration in patch["tolerations"]
-    ]
+    append = [{"op": "add", "path": "/spec/template/spec/tolerations/-", "value": GPU_TOLERATION}]
     target = kustomize_target(workload)
     return [
         {"target": target, "patch": to_yaml(merge, sort_keys=True)},
@@ -213,14 +249,75 @@ def kustomize_patches(policy: PoolPolicy, workload: ProductionWorkload) -> list[
     ]
 
 
-def kustomize_component(policy: PoolPolicy) -> Manifest | None:
-    """The Kustomize Component patching every production reference; None without any."""
-    if not policy.production:
-        return None
+def kustomize_values(policy: PoolPolicy) -> Manifest:
+    """The ``lists`` Component's one resource: the values its replacements copy. Kustomize
+    leaves a ``local-config`` object out of the build's output."""
     return {
-        "apiVersion": KUSTOMIZE_COMPONENT_API,
-        "kind": "Component",
-        "patches": [p for w in policy.production for p in kustomize_patches(policy, w)],
+        "apiVersion": VALUES_API,
+        "kind": VALUES_KIND,
+        "metadata": {"name": VALUES_NAME, "annotations": {LOCAL_CONFIG: "true"}},
+        "toleration": pool_toleration(policy),
+        "required": required_expression(policy),
+        "preferred": preferred_expression(policy),
+        "weight": PREFER_PROD_WEIGHT,
+    }
+
+
+def kustomize_replacements(policy: PoolPolicy) -> list[Manifest]:
+    """The ``lists`` Component's ``replacements:``, in order: ``[field=value]`` paths with
+    ``create`` replace the element they find or append one, creating the lists, which a
+    strategic merge (it replaces lists without a merge key) and a JSON 6902 append (it needs
+    the list) cannot. The required term ``0`` first makes sure one term exists, then ``*``
+    reaches every term (``merged_node_affinity``)."""
+    label = policy.cluster.pool_label
+    selects = [s for w in policy.production for s in kustomize_selects(w)]
+    terms = f"{_NODE_AFFINITY}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    preferred = (
+        f"{_NODE_AFFINITY}.preferredDuringSchedulingIgnoredDuringExecution"
+        f".[weight={PREFER_PROD_WEIGHT}]"
+    )
+    copies = {
+        "toleration": [f"spec.template.spec.tolerations.[key={label}]"],
+        "required": [
+            f"{terms}.0.matchExpressions.[key={label}]",
+            f"{terms}.*.matchExpressions.[key={label}]",
+        ],
+        "preferred": [f"{preferred}.preference.matchExpressions.[key={label}]"],
+        # the element ``[weight=100]`` creates holds the string "100": set the number
+        "weight": [f"{preferred}.weight"],
+    }
+    return [
+        {
+            "source": {"kind": VALUES_KIND, "name": VALUES_NAME, "fieldPath": field},
+            "targets": [
+                select | {"fieldPaths": paths, "options": {"create": True}} for select in selects
+            ],
+        }
+        for field, paths in copies.items()
+    ]
+
+
+def kustomize_component(policy: PoolPolicy) -> dict[str, Manifest]:
+    """The production Component's files (path under its folder -> document); none without a
+    production reference. ``kustomization.yaml`` includes ``lists/`` (the values and the
+    replacements, which run first) and then patches: the priority class and the GPU
+    toleration."""
+    if not policy.production:
+        return {}
+    return {
+        "kustomization.yaml": {
+            "apiVersion": KUSTOMIZE_COMPONENT_API,
+            "kind": "Component",
+            "components": [LISTS_DIR],
+            "patches": [p for w in policy.production for p in kustomize_patches(policy, w)],
+        },
+        f"{LISTS_DIR}/kustomization.yaml": {
+            "apiVersion": KUSTOMIZE_COMPONENT_API,
+            "kind": "Component",
+            "resources": [VALUES_FILE],
+            "replacements": kustomize_replacements(policy),
+        },
+        f"{LISTS_DIR}/{VALUES_FILE}": kustomize_values(policy),
     }
 
 

@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table as RichTable
 
 from infra.builders.nodepools import Target
 from infra.builders.serving import (
@@ -23,6 +22,7 @@ from infra.inputs import load_inputs
 from infra.output import OutputError, WriteResult, write_documents
 from infra.pipeline import render_inputs, render_policy_file
 from infra.summary import summarize
+from runtime.cli import tables
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import (
     ExampleOption,
@@ -78,7 +78,7 @@ def render(
     options = ServingOptions(serving, objective_api)
     path = policy_file(file, example=example)
     with reported_errors():
-        inputs = load_inputs(path, serving=options)
+        inputs = load_inputs(path, serving=options, target=target)
         documents = render_inputs(
             inputs, target=target, hpa_tolerance=hpa_tolerance, serving=options
         ).documents
@@ -142,17 +142,14 @@ def demo(
     loop (pooled vs fixed topology)."""
     path = policy_file(file, example=example)
     with reported_errors():
-        inputs = load_inputs(path)
+        inputs = load_inputs(path, target=target)
         rendered = render_inputs(inputs, target=target)
         objects = rendered.objects
         folder = out or Path(tempfile.mkdtemp(prefix="gpupool-demo-"))
         _write(folder, rendered.documents)
     print_warnings(inputs)
     for table in summarize(inputs.policy, objects):
-        rich_table = RichTable(*table.columns, title=table.title, title_justify="left")
-        for row in table.rows:
-            rich_table.add_row(*row)
-        console.print(rich_table)
+        tables.print_table(console, table.columns, table.rows, title=table.title)
     console.print(
         f"{path}: valid; {len(objects)} objects ({target} target) rendered to {folder}",
         markup=False,

@@ -17,9 +17,10 @@ import typer
 from rich.console import Console
 
 from infra.inputs import BundleInputs, load_inputs
-from policy import PolicyError, Problem
+from policy import PolicyError, PoolPolicy, Problem
 from policy.base import check_dns_label
 from policy.placeholders import placeholder_warnings
+from policy.production import unlabelled_production
 from runtime.cli.errors import err_console, reported_errors
 from runtime.cli.policy_commands import LOCAL_POLICY
 from runtime.init.catalog import MODELS, find_gpu, find_model, gpu_names
@@ -464,12 +465,19 @@ def _report(out: Path, answers: Answers, written: Written, inputs: BundleInputs)
     console.print(f"Next{where}:", markup=False)
     steps = (
         (WHATIF_COMMAND, "a day of the bundled production sample on your pools"),
-        ("gpupool render --out build/", "every Kubernetes object, one file each, to review"),
+        (render_command(policy), "every Kubernetes object, one file each, to review"),
         (COMMIT_COMMAND, "then a policy change is a pull request"),
     )
     width = max(len(command) for command, _ in steps)
     for command, why in steps:
         console.print(f"  {command:<{width}}  # {why}", markup=False)
+
+
+def render_command(policy: PoolPolicy) -> str:
+    """The render init suggests: counted nodes (none named) are Karpenter's to make and label;
+    the labels target would refuse production on prod nodes it cannot label."""
+    karpenter = " --target karpenter" if unlabelled_production(policy) else ""
+    return f"gpupool render --out build/{karpenter}"
 
 
 def register(app: typer.Typer) -> None:

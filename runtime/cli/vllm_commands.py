@@ -14,10 +14,10 @@ from typing import Annotated, get_args
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from policy import PoolPolicy, load_policy
 from policy.workloads import AttentionBackend, FlexWorkload
+from runtime.cli import tables
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import ExampleOption, policy_file
 from runtime.vllm import (
@@ -183,12 +183,12 @@ def vllm_args(
     if as_json:
         typer.echo(json.dumps(args))
         return
-    table = Table(title=f"vLLM KV cache for {plan.model_path}", title_justify="left")
-    for column in ("number", "value", "how it was derived"):
-        table.add_column(column, overflow="fold")
-    for row in plan.derivations():
-        table.add_row(row.name, row.value, row.why)
-    console.print(table)
+    tables.print_table(
+        console,
+        ("number", "value", "how it was derived"),
+        [(row.name, row.value, row.why) for row in plan.derivations()],
+        title=f"vLLM KV cache for {plan.model_path}",
+    )
     for name in plan.env_unset:
         console.print(f"{name} must be unset: it overrides these arguments", markup=False)
     typer.echo(shlex.join(args))
@@ -220,22 +220,27 @@ def kv_report(
 
 
 def _print_report(trace: Path, report: WasteReport) -> None:
-    table = Table(title=f"KV waste on {trace.name}", title_justify="left")
-    for column in ("allocator", "reserved tokens", "wasted tokens", "waste"):
-        table.add_column(column, justify="right" if column != "allocator" else "left")
+    rows = []
     for waste in [*report.paged, report.contiguous]:
         label = waste.label
         if waste.label.endswith(f" {report.chosen_block_size}"):
             label += " (chosen)"
         if not waste.legal:
             label += " (backend refuses)"
-        table.add_row(
-            label,
-            f"{waste.reserved_tokens:,}",
-            f"{waste.wasted_tokens:,}",
-            f"{waste.waste_share:.2%}",
+        rows.append(
+            (
+                label,
+                f"{waste.reserved_tokens:,}",
+                f"{waste.wasted_tokens:,}",
+                f"{waste.waste_share:.2%}",
+            )
         )
-    console.print(table)
+    tables.print_table(
+        console,
+        ("allocator", "reserved tokens", "wasted tokens", "waste"),
+        rows,
+        title=f"KV waste on {trace.name}",
+    )
     chosen = next(w for w in report.paged if w.label.endswith(f" {report.chosen_block_size}"))
     verdict = "meets" if chosen.waste_share < WASTE_GOAL else "MISSES"
     console.print(

@@ -12,11 +12,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import Progress as RichProgress
-from rich.table import Table
 
 from infra.builders.workload import HPA_TOLERANCES
 from policy import load_policy
 from runtime.atomic_file import write_atomic
+from runtime.cli import tables
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import ExampleOption
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
@@ -30,7 +30,8 @@ from runtime.sim.traces import (
 from runtime.sim.whatif import Result, WhatIfError, run
 from runtime.vllm import BackendError, KvPlanError, ModelConfigError
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
+"""``soft_wrap``: a line stays one line in a pipe (the terminal wraps it on screen)."""
 
 DOMAIN_ERRORS = (
     TraceError,
@@ -57,15 +58,6 @@ def replay(policy_file: Path, options: Options, label: str) -> Result:
         )
 
 
-def _table(*headers: str, title: str | None = None) -> Table:
-    """A console table whose cells wrap or fold, never end in an ellipsis: every value stays
-    whole on an 80-column terminal."""
-    out = Table(title=title, title_justify="left")
-    for header in headers:
-        out.add_column(header, overflow="fold")
-    return out
-
-
 ProdTraceOption = Annotated[
     str | None,
     typer.Option(
@@ -78,19 +70,20 @@ ProdTraceOption = Annotated[
 
 
 def print_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """A console table whose values stay whole at any width (``_table``)."""
-    table = _table(*headers)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+    """A table whose values stay whole at any width (``tables.print_table``)."""
+    tables.print_table(console, headers, rows)
 
 
 def print_summary(result: Result, title: str) -> None:
-    table = _table("", "pooled", "fixed topology", title=title)
-    for row in markdown.rows(result.pooled, result.fixed):
-        table.add_row(*row)
-    console.print(table)
+    tables.print_table(
+        console,
+        ("", "pooled", "fixed topology"),
+        markdown.rows(result.pooled, result.fixed),
+        title=title,
+    )
     console.print(markdown.headline(result).replace("**", ""), markup=False)
+    for line in markdown.notable_lines(result):
+        console.print(line, markup=False)
     for line in markdown.check_lines(result.pooled):
         console.print(line, markup=False)
     for line in markdown.goal_lines(result):
@@ -109,10 +102,14 @@ def print_classes(result: Result) -> None:
     head, *_ = markdown.class_lines(result.pooled, result.fixed)
     console.print(head, markup=False)
     # One column per class and replay (the markdown's rows), so ten figures fit 80 columns.
-    table = _table("", *(f"{row[0]} {row[1]}" for row in rows))
-    for i, figure in enumerate(markdown.CLASS_COLUMNS[2:], start=2):
-        table.add_row(figure, *(row[i] for row in rows))
-    console.print(table)
+    tables.print_table(
+        console,
+        ("", *(f"{row[0]} {row[1]}" for row in rows)),
+        [
+            (figure, *(row[i] for row in rows))
+            for i, figure in enumerate(markdown.CLASS_COLUMNS[2:], start=2)
+        ],
+    )
 
 
 def print_tuner(result: Result) -> None:
@@ -126,15 +123,19 @@ def print_tuner(result: Result) -> None:
         for line in rest:
             console.print(line, markup=False)
         return
-    table = _table("proposed", "change", "outcome", "before -> after")
-    for p in tuner.proposals:
-        table.add_row(
-            markdown.clock(p.proposed_at_s),
-            markdown.change_text(p),
-            markdown.outcome_text(p),
-            markdown.effect_text(p),
-        )
-    console.print(table)
+    tables.print_table(
+        console,
+        ("proposed", "change", "outcome", "before -> after"),
+        [
+            (
+                markdown.clock(p.proposed_at_s),
+                markdown.change_text(p),
+                markdown.outcome_text(p),
+                markdown.effect_text(p),
+            )
+            for p in tuner.proposals
+        ],
+    )
     for p in tuner.proposals:
         console.print(f"why ({markdown.clock(p.proposed_at_s)}, {p.rule}): {p.why}", markup=False)
 
@@ -298,10 +299,16 @@ def _compare(
         for name, ref in (("base", base), ("head", head)):
             file = policy_at(repo, ref, policy_path, Path(tmp) / name)
             results[name] = replay(file, options, f"{name} {ref}")
-    names: list[str] = []
+    written: list[Path] = []
     if plots is not None:
-        names = [str(p) for p in output.write_plots(plots, results["head"], prefix="head-")]
+        written = output.write_plots(plots, results["head"], prefix="head-")
         output.write_plots(plots, results["base"], prefix="base-")
+    # named from the comment's folder, as the CI artifact holds them
+    names = (
+        [str(p) for p in written]
+        if markdown_out is None
+        else output.relative(written, markdown_out)
+    )
     text = markdown.comparison(
         results["base"], results["head"], base_ref=base, head_ref=head, plots=names
     )

@@ -67,6 +67,7 @@ def rows(pooled: Summary, fixed: Summary) -> list[Row]:
             f"{pooled.evictions_per_minute_mean:.2f} / {pooled.evictions_per_minute_max:.2f}",
             f"{fixed.evictions_per_minute_mean:.2f} / {fixed.evictions_per_minute_max:.2f}",
         ),
+        ("flex pods evicted (running replicas)", evicted_text(pooled), evicted_text(fixed)),
         ("harvested GPU-h worth", value_text(pooled), value_text(fixed)),
         ("flex tokens/s", f(pooled.flex_tokens_per_s, 0), f(fixed.flex_tokens_per_s, 0)),
         ("flex capped by max_replicas, h", capped_text(pooled), capped_text(fixed)),
@@ -113,6 +114,12 @@ def value_delta(base: Summary, head: Summary) -> str | None:
         f"Harvested GPU time worth {h.currency} {b.per_month:,.0f} -> {h.per_month:,.0f} a month "
         f"({h.per_month - b.per_month:+,.0f})"
     )
+
+
+def evicted_text(summary: Summary) -> str:
+    """``12 (9)``: flex pods evicted over the replay (the evictions plot's events, which the
+    eviction alert counts) and, of them, running replicas (the KV tier's evictions)."""
+    return f"{summary.evictions_total:,} ({summary.kv_tier.evicted_replicas:,})"
 
 
 def losses_text(summary: Summary) -> str:
@@ -366,6 +373,27 @@ def goal_lines(result: Result) -> list[str]:
     return [f"- {VERDICT[g.met]}: {g.name} {g.value} (goal {g.target})" for g in result.goals]
 
 
+def notable_lines(result: Result) -> list[str]:
+    """One line per loss a reader must not miss, with its cause and the fix: each workload's
+    requests dropped over ``max_model_len`` (any: each is work refused), then each MISSED
+    goal."""
+    lines = []
+    for name, r in result.pooled.requests.items():
+        if r.dropped:
+            limit = result.max_model_len.get(name)
+            over = f"its max_model_len ({limit:,} tokens)" if limit else "max_model_len"
+            total = r.arrived + r.dropped  # ``arrived``: the requests vLLM accepted
+            lines.append(
+                f"- DROPPED: {r.dropped:,} of {total:,} {name} requests "
+                f"({r.dropped / total:.1%}) are longer than {over}, which vLLM refuses; "
+                f"raise {name}'s max_model_len (its KV cache must hold one such request: "
+                "`gpupool vllm-args` shows the plan) or send longer requests to a model with "
+                "a longer context"
+            )
+    lines += [f"- MISSED: {g.name}: {g.cause}" for g in result.goals if g.cause]
+    return lines
+
+
 def report(result: Result, *, plots: Sequence[str] = ()) -> str:
     """Markdown of one run (``gpupool whatif --policy``); ``plots``: image paths relative to
     the report's folder, shown after the headline in their order."""
@@ -375,6 +403,7 @@ def report(result: Result, *, plots: Sequence[str] = ()) -> str:
         "",
         headline(result),
         "",
+        *_section(["Notable:", *notable] if (notable := notable_lines(result)) else []),
         *_section([f"![{Path(name).stem}]({name})" for name in plots]),
         "| | pooled | fixed |",
         "|---|---:|---:|",
@@ -517,6 +546,7 @@ def comparison(
         *([] if (worth := value_delta(b, h)) is None else [f"**{worth}**", ""]),
         f"Head: {headline(head)}",
         "",
+        *_section(["Notable (head):", *n] if (n := notable_lines(head)) else []),
         f"Base: {headline(base)}",
         "",
         head_line,

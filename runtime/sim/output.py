@@ -177,7 +177,13 @@ def write_plots(folder: Path, result: Result, *, prefix: str = "") -> list[Path]
 
     fig, ax = plt.subplots(figsize=(9, 3))
     ax.bar(hours, s.array("evictions"), width=pooled.step_s / 3600, color="#9467bd")
-    ax.set(xlabel="hours", ylabel="flex evictions per step", title="Flex evictions")
+    p = result.pooled
+    ax.set(
+        xlabel="hours",
+        ylabel=f"flex pods evicted per {pooled.step_s:g} s",
+        title=f"Flex evictions (pooled): {p.evictions_total:,} pods, "
+        f"{p.kv_tier.evicted_replicas:,} of them running; max {p.evictions_per_minute_max:.2f}/min",
+    )
     save(fig, PLOTS[4])
     return written
 

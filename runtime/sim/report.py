@@ -458,6 +458,54 @@ class Goal:
     target: str
     value: str
     met: bool | None
+    cause: str | None = None
+    """Why it was MISSED and what would change that (None unless missed)."""
+
+
+HARVEST_REMEDIES = {
+    "production_headroom": "production's replicas hold GPUs beyond their busy share (its HPA "
+    "target, replica size, min_replicas), which whole-GPU pooling cannot lend",
+    "reserve": "the pools' reserves keep them free (lower reserve_ratio or the slot reserve)",
+    "other_free": "unallocated GPUs flex's budget or HPA did not take (flex max_replicas, "
+    "the elastic thresholds)",
+    "flex_starting": "flex replicas starting or stopping (pod start-up time)",
+}
+"""``HarvestLosses`` field -> what holds those GPU-hours back, and the lever."""
+
+
+def _harvest_cause(pooled: Summary) -> str:
+    lost = asdict(pooled.harvest_lost)
+    largest = max(lost, key=lambda k: lost[k])
+    return f"{lost[largest]:,.0f} GPU-h of the bound: {HARVEST_REMEDIES[largest]}"
+
+
+def _useful_cause(pooled: Summary, fixed: Summary) -> str:
+    return (
+        f"flex held {pooled.harvested_gpu_h:,.1f} GPU-h and kept them busy "
+        f"{pooled.flex_duty_cycle:.0%} of the time ({pooled.flex_busy_gpu_h:,.1f} useful "
+        f"GPU-h over the fixed topology's {fixed.useful_gpu_h:,.1f}): flex's offered work is "
+        "the limit; a batch backlog (--backlog) fills idle flex GPUs"
+    )
+
+
+def _short_cause(pooled: Summary) -> str:
+    waited = pooled.prod_pending_pod_minutes
+    worst = max(waited, key=lambda k: waited[k], default=Waiting.CAPACITY.value)
+    why = {
+        Waiting.PREEMPTION.value: "waiting for preempted flex pods to exit (a shorter flex "
+        "drain, or a larger reserve)",
+        Waiting.FRAGMENTED.value: "free GPUs on no single node (a slot reserve keeps whole "
+        "replicas' room)",
+        Waiting.CAPACITY.value: "too few free GPUs (a larger reserve, or flex shedding sooner)",
+    }[worst]
+    return f"production pods pending {sum(waited.values()):,.1f} pod-minutes, mostly {why}"
+
+
+def _evictions_cause(pooled: Summary) -> str:
+    return (
+        f"production took GPUs back from {pooled.evictions_total:,} flex pods: a larger reserve "
+        "or slower flex growth (elastic thresholds) evicts fewer"
+    )
 
 
 def goals(pooled: Summary, fixed: Summary, useful_gpu_h_ratio: float) -> tuple[Goal, ...]:
@@ -466,13 +514,18 @@ def goals(pooled: Summary, fixed: Summary, useful_gpu_h_ratio: float) -> tuple[G
     applies = fixed.cluster_duty_cycle <= USEFUL_RATIO_WHERE_DUTY_AT_MOST
     allowed = prod_short_allowed(pooled, fixed)
     efficiency = pooled.harvest_efficiency
+    useful = useful_gpu_h_ratio >= MIN_USEFUL_RATIO if applies else None
+    harvest = None if efficiency is None else efficiency >= MIN_HARVEST_EFFICIENCY
+    unharmed = production_unharmed(pooled, fixed)
+    calm = pooled.evictions_per_minute_max <= MAX_EVICTIONS_PER_MINUTE
     return (
         Goal(
             "useful GPU-hours, pooled / fixed",
             f">= {MIN_USEFUL_RATIO:g}x where the fixed topology's cluster duty cycle is at most "
             f"{USEFUL_RATIO_WHERE_DUTY_AT_MOST:.0%}",
             f"{useful_gpu_h_ratio:.2f}x (fixed duty cycle {fixed.cluster_duty_cycle:.1%})",
-            useful_gpu_h_ratio >= MIN_USEFUL_RATIO if applies else None,
+            useful,
+            _useful_cause(pooled, fixed) if useful is False else None,
         ),
         Goal(
             "harvest efficiency",
@@ -481,19 +534,22 @@ def goals(pooled: Summary, fixed: Summary, useful_gpu_h_ratio: float) -> tuple[G
             if efficiency is None
             else f"{efficiency:.3f} (GPU-h of the bound not harvested: "
             f"{pooled.harvest_lost.largest()})",
-            None if efficiency is None else efficiency >= MIN_HARVEST_EFFICIENCY,
+            harvest,
+            _harvest_cause(pooled) if harvest is False else None,
         ),
         Goal(
             "production busy GPU-hours short",
             f"<= the fixed topology's + {PROD_SHORT_ALLOWANCE:.1%} of production's busy GPU-h",
             f"{pooled.prod_short_gpu_h:,.2f} (fixed {fixed.prod_short_gpu_h:,.2f}, "
             f"allowed {allowed:,.2f})",
-            production_unharmed(pooled, fixed),
+            unharmed,
+            None if unharmed else _short_cause(pooled),
         ),
         Goal(
             "flex evictions per minute (max)",
             f"<= {MAX_EVICTIONS_PER_MINUTE:g}",
             f"{pooled.evictions_per_minute_max:.2f}",
-            pooled.evictions_per_minute_max <= MAX_EVICTIONS_PER_MINUTE,
+            calm,
+            None if calm else _evictions_cause(pooled),
         ),
     )

@@ -95,6 +95,8 @@ class Result:
     reserve_gpus: int = 0
     """GPUs the pools' reserves keep free with every node of the layout schedulable (the
     plots' reserve band)."""
+    max_model_len: dict[str, int] = field(default_factory=dict)
+    """Workload -> its ``max_model_len``: the cause of its dropped requests, for the report."""
 
     @property
     def useful_gpu_h_ratio(self) -> float:
@@ -161,6 +163,7 @@ def run(
         {n: m.source for n, m in inputs.services.items()},
         None if tuner is None else tuner.run(pooled),
         reserve_gpus,
+        {w.name: w.max_model_len for w in policy.workloads},
     )
 
 

@@ -11,7 +11,7 @@ from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
 from infra.output import MANIFEST
-from infra.render import ADAPTER_DIR, KUSTOMIZATION
+from infra.render import ADAPTER_DIR, KUSTOMIZATION, PRODUCTION_DIR
 from policy import DEFAULT_POLICY
 from runtime.cli.app import app
 from tests.infra.policies import edited
@@ -87,11 +87,12 @@ def test_diff_prints_object_level_changes(tmp_path: Path) -> None:
 def test_demo_validates_renders_and_summarises(tmp_path: Path) -> None:
     result = runner.invoke(app, ["demo", "--out", str(tmp_path)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    # Objects only: the kustomizations and the prometheus-adapter fragment are not objects.
+    # Objects only: the kustomizations, the prometheus-adapter fragment and the production
+    # Component's values are not objects.
     files = [
         p
         for p in tmp_path.rglob("*.yaml")
-        if p.name != "kustomization.yaml" and p.parent.name != ADAPTER_DIR
+        if p.name != "kustomization.yaml" and not {ADAPTER_DIR, PRODUCTION_DIR} & set(p.parts)
     ]
     assert (tmp_path / ADAPTER_DIR / "values.yaml").is_file()
     for word in ("gpu-prod", "gpu-flex", "gpupool-idle-inference", "llama-8b-flex"):

@@ -16,7 +16,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from infra.builders.meta import Manifest
-from infra.builders.production import production_tolerations
+from infra.builders.production import patched_pod_spec
 from infra.bundle import build_bundle
 from infra.render import render_documents
 from policy import PoolPolicy
@@ -175,7 +175,7 @@ def test_gpupool_pods_tolerate_every_taint_their_pools_carry(
             p["metadata"]["name"]: p["spec"]["template"]["spec"]["taints"]
             for p in _objects(policy, target, "NodePool")
         }
-    production = production_tolerations(policy)
+    production = patched_pod_spec(policy, {})["tolerations"]
     assert len(by_pool["gpu-prod"]) == 3
     for taints in by_pool.values():
         assert _admits(production, taints)

@@ -27,17 +27,20 @@ from typer.testing import CliRunner
 from infra.builders.meta import Manifest
 from infra.builders.nodepools import TARGETS, node_pools
 from infra.builders.production import (
+    GPU_TOLERATION,
     GPU_UTILIZATION_METRIC,
     KUSTOMIZE_COMPONENT_API,
+    LISTS_DIR,
     PREFER_PROD_WEIGHT,
     autoscaler,
     kustomize_component,
     patch_object,
-    pod_patch,
+    patched_pod_spec,
     production_adapter_rules,
     production_autoscalers,
 )
 from infra.bundle import PRODUCTION, build_bundle, build_groups
+from infra.inputs import load_inputs
 from infra.production_patch import (
     UnresolvedTarget,
     patch_props,
@@ -46,8 +49,10 @@ from infra.production_patch import (
 )
 from infra.render import KUSTOMIZATION, PRODUCTION_DIR, production_documents
 from policy import DEFAULT_POLICY, PolicyError, PoolPolicy, load_policy, parse_policy
+from policy.production import unlabelled_production
 from runtime.cli.app import app
 from tests.infra.policies import edited, explicit_args
+from tests.infra.test_cli import write_policy
 from tests.infra.test_program import Recorder, pulumi_test
 
 VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
@@ -88,6 +93,11 @@ def policy_of(*production: dict[str, Any], edits: dict[str, Any] | None = None) 
     doc = edited(edits)
     doc["production"] = [copy.deepcopy(p) for p in production]
     return parse_policy(doc)
+
+
+def pod_patch(policy: PoolPolicy) -> Manifest:
+    """What a pod template without tolerations or affinity gets."""
+    return patched_pod_spec(policy, {})
 
 
 def problems_of(*production: dict[str, Any], edits: dict[str, Any] | None = None) -> list[Any]:
@@ -273,28 +283,26 @@ def test_tolerations_cover_every_pool_taint_as_rendered(policy: PoolPolicy, targ
     for pool, pool_taints in taints.items():
         for taint in pool_taints:
             assert any(_tolerated(t, taint) for t in tolerations), (pool, taint)
-    # exactly the pool taints (prod's too: it is tainted) plus the common GPU taint
-    pool_tolerations = [t for t in tolerations if t["key"] == policy.cluster.pool_label]
-    rendered = {(t["key"], t["value"], t["effect"]) for ts in taints.values() for t in ts}
-    assert {(t["key"], t["value"], t["effect"]) for t in pool_tolerations} == rendered
-    assert all(t["operator"] == "Equal" for t in pool_tolerations)
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    # one toleration of the pool label's key (every pool's taint) plus the common GPU taint
+    assert tolerations == [
+        {"key": policy.cluster.pool_label, "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    # and nothing else gpupool's label could mean: another key's taint is not tolerated
+    assert not any(_tolerated(t, {"key": "dedicated", "effect": "NoSchedule"}) for t in tolerations)
 
 
-def test_the_flex_pods_toleration_is_among_productions() -> None:
+def test_the_flex_pods_tolerations_are_covered_by_productions() -> None:
+    """Production may go wherever flex pods go: each flex toleration's taint is tolerated."""
     policy = load_policy()
     objs = build_bundle(policy, target="labels", vllm_args=explicit_args(policy))
     flex = next(
         o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "llama-8b-flex"
     )
     for toleration in flex["spec"]["template"]["spec"]["tolerations"]:
-        assert toleration in pod_patch(policy)["tolerations"]
-
-
-def test_an_untainted_prod_pool_needs_no_toleration() -> None:
-    policy = policy_of(LLAMA, edits={"node_pools.0.taint": False})
-    values = [t.get("value") for t in pod_patch(policy)["tolerations"]]
-    assert values == ["gpu-flex", None]
+        taint = {"key": toleration["key"], "value": toleration.get("value", "present")}
+        taint["effect"] = toleration["effect"]
+        assert any(_tolerated(t, taint) for t in pod_patch(policy)["tolerations"]), toleration
 
 
 def test_priority_and_affinity() -> None:
@@ -376,7 +384,14 @@ def test_patch_object_keeps_the_owners_fields() -> None:
     )
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
     assert out["spec"]["replicas"] == 2 and out["metadata"] == obj["metadata"]
-    assert patch_object(policy, out) == out  # idempotent: tolerations are appended once
+    # patched again, only the GPU toleration repeats (a JSON 6902 append, in Kustomize too)
+    again = patch_object(policy, out)
+    assert again is not None
+    assert again["spec"]["template"]["spec"].pop("tolerations") == [
+        *pod["tolerations"],
+        GPU_TOLERATION,
+    ]
+    assert {**again["spec"]["template"]["spec"], "tolerations": pod["tolerations"]} == pod
     for kubernetes in VERSIONS:
         kubernetes_validate.validate(out, kubernetes, strict=True)
 
@@ -407,13 +422,22 @@ def test_patch_object_targets_only_the_references() -> None:
 # --- the Kustomize component ------------------------------------------------------------------
 
 _STRING = {"type": "string", "minLength": 1}
+_SELECT_KEYS = ("group", "version", "kind", "name", "namespace", "labelSelector")
+_TARGET: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "minProperties": 1,
+    "properties": {key: _STRING for key in (*_SELECT_KEYS, "annotationSelector")},
+}
 COMPONENT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
-    "required": ["apiVersion", "kind", "patches"],
+    "required": ["apiVersion", "kind"],
     "properties": {
         "apiVersion": {"const": KUSTOMIZE_COMPONENT_API},
         "kind": {"const": "Component"},
+        "components": {"type": "array", "items": _STRING},
+        "resources": {"type": "array", "items": _STRING},
         "patches": {
             "type": "array",
             "minItems": 1,
@@ -422,32 +446,42 @@ COMPONENT_SCHEMA: dict[str, Any] = {
                 "additionalProperties": False,
                 "required": ["target"],
                 "oneOf": [{"required": ["patch"]}, {"required": ["path"]}],
+                "properties": {"patch": _STRING, "path": _STRING, "target": _TARGET},
+            },
+        },
+        "replacements": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["source", "targets"],
                 "properties": {
-                    "patch": _STRING,
-                    "path": _STRING,
-                    "options": {
+                    "source": {
                         "type": "object",
                         "additionalProperties": False,
-                        "properties": {
-                            "allowNameChange": {"type": "boolean"},
-                            "allowKindChange": {"type": "boolean"},
-                        },
+                        "required": ["kind", "name", "fieldPath"],
+                        "properties": {k: _STRING for k in ("kind", "name", "fieldPath")},
                     },
-                    "target": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "minProperties": 1,
-                        "properties": {
-                            key: _STRING
-                            for key in (
-                                "group",
-                                "version",
-                                "kind",
-                                "name",
-                                "namespace",
-                                "labelSelector",
-                                "annotationSelector",
-                            )
+                    "targets": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["select", "fieldPaths"],
+                            "properties": {
+                                "select": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {k: _STRING for k in _SELECT_KEYS},
+                                },
+                                "fieldPaths": {"type": "array", "minItems": 1, "items": _STRING},
+                                "options": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {"create": {"type": "boolean"}},
+                                },
+                            },
                         },
                     },
                 },
@@ -455,89 +489,81 @@ COMPONENT_SCHEMA: dict[str, Any] = {
         },
     },
 }
-"""A Kustomize ``Component`` with ``patches`` only (what gpupool renders), closed."""
+"""A Kustomize ``Component`` with the fields gpupool renders (kubectl.docs.kubernetes.io:
+"patches", "replacements", "components"), closed."""
 
 
-def _component_text(policy: PoolPolicy) -> Manifest:
-    (text,) = production_documents(policy).values()
-    parsed: Manifest = yaml.safe_load(text)
-    return parsed
+def _component_files(policy: PoolPolicy) -> dict[str, Manifest]:
+    prefix = f"{PRODUCTION_DIR}/"
+    out: dict[str, Manifest] = {}
+    for name, text in production_documents(policy).items():
+        assert name.startswith(prefix)
+        out[name.removeprefix(prefix)] = yaml.safe_load(text)
+    return out
 
 
 def test_component_schema_rejects_a_typo() -> None:
-    """The schema has teeth: a misspelled target field fails it."""
-    component = kustomize_component(policy_of(LLAMA))
-    assert component is not None
-    jsonschema.validate(component, COMPONENT_SCHEMA)
-    broken = copy.deepcopy(component)
+    """The schema has teeth: a misspelled target or select field fails it."""
+    files = kustomize_component(policy_of(LLAMA))
+    for name in (KUSTOMIZATION, f"{LISTS_DIR}/{KUSTOMIZATION}"):
+        jsonschema.validate(files[name], COMPONENT_SCHEMA)
+    broken = copy.deepcopy(files[KUSTOMIZATION])
     broken["patches"][0]["target"]["labelselector"] = "a=b"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, COMPONENT_SCHEMA)
+    broken = copy.deepcopy(files[f"{LISTS_DIR}/{KUSTOMIZATION}"])
+    broken["replacements"][0]["targets"][0]["select"]["labelselector"] = "a=b"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, COMPONENT_SCHEMA)
 
 
-def test_component_targets_and_patches() -> None:
+def test_component_files_and_targets() -> None:
     policy = policy_of(LLAMA, RANKERS)
-    component = _component_text(policy)
-    jsonschema.validate(component, COMPONENT_SCHEMA)
-    assert component == kustomize_component(policy)
-    merge_llama, append_llama, merge_rankers, append_rankers = component["patches"]
-    assert (
-        merge_llama["target"]
-        == append_llama["target"]
-        == {
-            "group": "apps",
-            "version": "v1",
-            "kind": "Deployment",
-            "name": "llama-70b-prod",
-            "namespace": "inference|default",
-        }
-    )
-    assert (
-        merge_rankers["target"]
-        == append_rankers["target"]
-        == {
-            "group": "apps",
-            "version": "v1",
-            "kind": "StatefulSet",
-            "labelSelector": "app=ranker,tier=prod",
-            "namespace": "search|default",
-        }
-    )
-    patch = pod_patch(policy)
-    for merge, append, kind in (
-        (merge_llama, append_llama, "Deployment"),
-        (merge_rankers, append_rankers, "StatefulSet"),
-    ):
-        smp = yaml.safe_load(merge["patch"])
-        assert (smp["apiVersion"], smp["kind"]) == ("apps/v1", kind)
-        assert smp["spec"] == {
-            "template": {
-                "spec": {
-                    "priorityClassName": patch["priorityClassName"],
-                    "affinity": patch["affinity"],
-                }
-            }
-        }
-        ops = yaml.safe_load(append["patch"])
-        assert ops == [
-            {"op": "add", "path": "/spec/template/spec/tolerations/-", "value": t}
-            for t in patch["tolerations"]
+    files = _component_files(policy)
+    assert files == kustomize_component(policy)
+    assert set(files) == {KUSTOMIZATION, f"{LISTS_DIR}/{KUSTOMIZATION}", f"{LISTS_DIR}/values.yaml"}
+    top, lists = files[KUSTOMIZATION], files[f"{LISTS_DIR}/{KUSTOMIZATION}"]
+    assert top["components"] == [LISTS_DIR] and lists["resources"] == ["values.yaml"]
+    llama = {"group": "apps", "version": "v1", "kind": "Deployment", "name": "llama-70b-prod"}
+    rankers = {
+        "group": "apps",
+        "version": "v1",
+        "kind": "StatefulSet",
+        "labelSelector": "app=ranker,tier=prod",
+    }
+    assert [p["target"] for p in top["patches"]] == [
+        llama | {"namespace": "inference|default"},
+        llama | {"namespace": "inference|default"},
+        rankers | {"namespace": "search|default"},
+        rankers | {"namespace": "search|default"},
+    ]
+    for replacement in lists["replacements"]:
+        assert [t["select"] for t in replacement["targets"]] == [
+            llama | {"namespace": "inference"},
+            llama | {"namespace": "default"},
+            rankers | {"namespace": "search"},
+            rankers | {"namespace": "default"},
         ]
-    assert kustomize_component(policy_of()) is None and production_documents(policy_of()) == {}
+    values = files[f"{LISTS_DIR}/values.yaml"]
+    assert values["metadata"]["annotations"] == {"config.kubernetes.io/local-config": "true"}
+    assert kustomize_component(policy_of()) == {} and production_documents(policy_of()) == {}
 
 
 def test_render_writes_the_component_beside_the_objects(tmp_path: Path) -> None:
     out = tmp_path / "build"
     result = CliRunner().invoke(app, ["render", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    component = out / PRODUCTION_DIR / KUSTOMIZATION
-    assert yaml.safe_load(component.read_text()) == kustomize_component(load_policy())
+    for name, doc in kustomize_component(load_policy()).items():
+        assert yaml.safe_load((out / PRODUCTION_DIR / name).read_text()) == doc
     top = yaml.safe_load((out / KUSTOMIZATION).read_text())
     assert not any(r.startswith(PRODUCTION_DIR) for r in top["resources"])
     assert "inference/horizontalpodautoscaler-llama-70b-prod.yaml" in top["resources"]
 
 
 KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed"
+)
 
 
 def _kustomize(folder: Path) -> list[Manifest]:
@@ -554,13 +580,24 @@ def _write(path: Path, data: Any) -> None:
     path.write_text(yaml.safe_dump_all(data) if isinstance(data, list) else yaml.safe_dump(data))
 
 
+def _build(tmp_path: Path, policy: PoolPolicy, objects: list[Manifest], **top: Any) -> Any:
+    """``kubectl kustomize`` of ``objects`` with the rendered Component, by (kind, name)."""
+    _write(tmp_path / "base/objects.yaml", objects)
+    _write(tmp_path / "base" / KUSTOMIZATION, {"resources": ["objects.yaml"]})
+    for name, text in production_documents(policy).items():
+        (tmp_path / "gpupool" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "gpupool" / name).write_text(text)
+    overlay = {"resources": ["../base"], "components": [f"../gpupool/{PRODUCTION_DIR}"], **top}
+    _write(tmp_path / "overlay" / KUSTOMIZATION, overlay)
+    return {(o["kind"], o["metadata"]["name"]): o for o in _kustomize(tmp_path / "overlay")}
+
+
 @pytest.mark.process
-@pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed"
-)
+@needs_kubectl
 @pytest.mark.parametrize("layout", ["namespaced-base", "overlay-sets-namespace"])
 def test_kustomize_build_equals_the_pulumi_path(tmp_path: Path, layout: str) -> None:
-    """Real ``kubectl kustomize``: targeted objects get exactly ``patch_object``'s result."""
+    """Real ``kubectl kustomize``: targeted objects get exactly ``patch_object``'s result,
+    the others nothing, and the values object never reaches the output."""
     policy = policy_of(LLAMA, {**RANKERS, "namespace": "inference"})
     with_ns = layout == "namespaced-base"
     ns = "inference" if with_ns else None
@@ -570,48 +607,187 @@ def test_kustomize_build_equals_the_pulumi_path(tmp_path: Path, layout: str) -> 
         owner_deployment("llama-70b-canary", ns),  # not referenced
         owner_deployment("ranker-canary", ns, "StatefulSet", {"app": "ranker", "tier": "canary"}),
     ]
-    _write(tmp_path / "base/objects.yaml", objects)
-    _write(tmp_path / "base" / KUSTOMIZATION, {"resources": ["objects.yaml"]})
-    (tmp_path / "gpupool").mkdir()
-    for name, text in production_documents(policy).items():
-        _write(tmp_path / "gpupool" / name, yaml.safe_load(text))
-    overlay: Manifest = {"resources": ["../base"], "components": [f"../gpupool/{PRODUCTION_DIR}"]}
-    if not with_ns:
-        overlay["namespace"] = "inference"
-    _write(tmp_path / "overlay" / KUSTOMIZATION, overlay)
-    built = {(o["kind"], o["metadata"]["name"]): o for o in _kustomize(tmp_path / "overlay")}
+    built = _build(tmp_path, policy, objects, **({} if with_ns else {"namespace": "inference"}))
+    assert len(built) == len(objects)  # ProductionPatchValues is local-config: left out
     for obj in objects:
         placed = copy.deepcopy(obj)
         placed["metadata"]["namespace"] = "inference"
         expected = patch_object(policy, placed) or placed
         assert built[(obj["kind"], obj["metadata"]["name"])] == expected, obj["metadata"]["name"]
-    assert (
-        built[("Deployment", "llama-70b-canary")]["spec"]["template"]["spec"].get(
-            "priorityClassName"
-        )
-        is None
-    )
+    assert built[("Deployment", "llama-70b-canary")] == {
+        **objects[2],
+        "metadata": {**objects[2]["metadata"], "namespace": "inference"},
+    }
+
+
+L = "gpupool.io/pool"
+POOLS = {"key": L, "operator": "In", "values": ["gpu-prod", "gpu-flex"]}
+PROD = {"key": L, "operator": "In", "values": ["gpu-prod"]}
+ZONE = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}
+HOST = {"key": "metadata.name", "operator": "In", "values": ["node-1"]}
+OWN = {"key": "dedicated", "operator": "Exists"}
+POOL_T = {"key": L, "operator": "Exists", "effect": "NoSchedule"}
+GPU_T = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+ANTI = {
+    "podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"a": "b"}}}
+        ]
+    }
+}
+
+
+def _required(*terms: Manifest) -> Manifest:
+    return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}
+
+
+def _preferred(*terms: tuple[int, list[Manifest]]) -> Manifest:
+    return {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": w, "preference": {"matchExpressions": e}} for w, e in terms
+        ]
+    }
+
+
+OURS = _required({"matchExpressions": [POOLS]}) | _preferred((100, [PROD]))
+SHAPES: dict[str, tuple[Manifest, list[Manifest], Manifest]] = {
+    # name: (pod spec fields before, tolerations after, affinity after)
+    "bare": ({}, [POOL_T, GPU_T], {"nodeAffinity": OURS}),
+    "empty-tolerations": ({"tolerations": []}, [POOL_T, GPU_T], {"nodeAffinity": OURS}),
+    "own-toleration": ({"tolerations": [OWN]}, [OWN, POOL_T, GPU_T], {"nodeAffinity": OURS}),
+    "own-pool-toleration": (
+        # a hand-written toleration of one pool gives way to gpupool's of every pool
+        {"tolerations": [{"key": L, "operator": "Equal", "value": "gpu-prod"}, OWN]},
+        [POOL_T, OWN, GPU_T],
+        {"nodeAffinity": OURS},
+    ),
+    "own-gpu-toleration": (
+        {"tolerations": [GPU_T]},
+        [GPU_T, POOL_T, GPU_T],  # appended again: harmless, as Kustomize can only append
+        {"nodeAffinity": OURS},
+    ),
+    "pod-anti-affinity": ({"affinity": ANTI}, [POOL_T, GPU_T], ANTI | {"nodeAffinity": OURS}),
+    "required-terms": (
+        {
+            "tolerations": [OWN],
+            "affinity": {
+                "nodeAffinity": _required({"matchExpressions": [ZONE]}, {"matchFields": [HOST]})
+            },
+        },
+        [OWN, POOL_T, GPU_T],
+        {
+            "nodeAffinity": _required(
+                {"matchExpressions": [ZONE, POOLS]},
+                {"matchFields": [HOST], "matchExpressions": [POOLS]},
+            )
+            | _preferred((100, [PROD]))
+        },
+    ),
+    "own-pool-expression": (
+        {"affinity": {"nodeAffinity": _required({"matchExpressions": [PROD, ZONE]})}},
+        [POOL_T, GPU_T],
+        {
+            "nodeAffinity": _required({"matchExpressions": [POOLS, ZONE]})
+            | _preferred((100, [PROD]))
+        },
+    ),
+    "preferred-only": (
+        {"affinity": {"nodeAffinity": _preferred((50, [ZONE]))} | ANTI},
+        [POOL_T, GPU_T],
+        {
+            "nodeAffinity": _required({"matchExpressions": [POOLS]})
+            | _preferred((50, [ZONE]), (100, [PROD]))
+        }
+        | ANTI,
+    ),
+    "preferred-weight-100": (
+        {"affinity": {"nodeAffinity": _preferred((100, [ZONE]), (10, [ZONE]))}},
+        [POOL_T, GPU_T],
+        {
+            "nodeAffinity": _required({"matchExpressions": [POOLS]})
+            | _preferred((100, [ZONE, PROD]), (10, [ZONE]))
+        },
+    ),
+}
+"""Pod templates an owner may have, and what production pods built from them must get."""
+
+
+def _shaped(kind: str, name: str, fields: Manifest) -> Manifest:
+    obj = owner_deployment(name, "inference", kind)
+    pod = obj["spec"]["template"]["spec"]
+    for key in ("tolerations", "affinity"):
+        del pod[key]
+    pod.update(copy.deepcopy(fields))
+    return obj
 
 
 @pytest.mark.process
-@pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl (with its built-in kustomize) is not installed"
-)
-def test_kustomize_refuses_a_pod_without_a_tolerations_list(tmp_path: Path) -> None:
-    """JSON 6902 appends need the list: the build fails loudly instead of dropping tolerations."""
-    obj = owner_deployment()
-    del obj["spec"]["template"]["spec"]["tolerations"]
-    _write(tmp_path / "objects.yaml", [obj])
-    for name, text in production_documents(policy_of(LLAMA)).items():
-        _write(tmp_path / "gpupool" / name, yaml.safe_load(text))
-    _write(
-        tmp_path / KUSTOMIZATION,
-        {"resources": ["objects.yaml"], "components": [f"gpupool/{PRODUCTION_DIR}"]},
+@needs_kubectl
+@pytest.mark.parametrize("kind", ["Deployment", "StatefulSet"])
+def test_kustomize_merges_into_every_workload_shape(tmp_path: Path, kind: str) -> None:
+    """Every shape, built by ``kubectl kustomize``: exactly the expected tolerations and
+    affinity (the owner's kept), the same as ``patch_object``, valid Kubernetes."""
+    policy = policy_of(
+        {
+            **LLAMA,
+            "kind": kind,
+            "name": None,
+            "selector": {"tier": "prod"},
+            "scale_on": "fixed",
+            "target_gpu_utilization": None,
+        }
     )
-    built = subprocess.run(
-        [str(KUBECTL), "kustomize", str(tmp_path)], capture_output=True, text=True, check=False
-    )
-    assert built.returncode != 0 and "tolerations" in built.stderr
+    objects = [_shaped(kind, name, fields) for name, (fields, _, _) in SHAPES.items()]
+    for obj in objects:
+        obj["metadata"]["labels"]["tier"] = "prod"
+    built = _build(tmp_path, policy, objects)
+    assert len(built) == len(SHAPES)
+    for obj, (name, (_, tolerations, affinity)) in zip(objects, SHAPES.items(), strict=True):
+        pod = built[(kind, name)]["spec"]["template"]["spec"]
+        assert pod["tolerations"] == tolerations, name
+        assert pod["affinity"] == affinity, name
+        assert pod["priorityClassName"] == "gpupool-production", name
+        assert built[(kind, name)] == patch_object(policy, obj), name
+        for kubernetes in VERSIONS:
+            kubernetes_validate.validate(built[(kind, name)], kubernetes, strict=True)
+
+
+# --- the order: label the nodes, then apply the Component ---------------------------------
+
+
+def _unlabelled(tmp_path: Path, **edits: Any) -> Path:
+    return write_policy(tmp_path, edited({"node_pools.0.nodes": [], **edits}))
+
+
+def test_labels_target_refuses_production_before_its_nodes(tmp_path: Path) -> None:
+    """No gpu-prod node listed: the production Component would require a label no node
+    carries. One located line with the steps in order; nothing written."""
+    source, out = _unlabelled(tmp_path), tmp_path / "build"
+    result = CliRunner().invoke(app, ["render", str(source), "--out", str(out)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"{source}:") and ": node_pools.0.nodes: " in line
+    assert source.read_text().splitlines()[int(line.split(":")[1]) - 1] == "  nodes: []"
+    steps = ["list the gpu-prod nodes here first", "apply the rendered bundle", "only then add"]
+    at = [line.index(step) for step in steps]
+    assert at == sorted(at), line
+    assert "inference/Deployment/llama-70b-prod" in line and "gpupool.io/pool" in line
+    assert not out.exists()
+
+
+def test_the_refusal_is_for_the_labels_target_with_production_only(tmp_path: Path) -> None:
+    source = _unlabelled(tmp_path)
+    karpenter = ["render", str(source), "--out", str(tmp_path / "k"), "--target", "karpenter"]
+    assert CliRunner().invoke(app, karpenter).exit_code == 0
+    (tmp_path / "none").mkdir()
+    bare = write_policy(tmp_path / "none", edited({"node_pools.0.nodes": [], "production": []}))
+    result = CliRunner().invoke(app, ["render", str(bare), "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    assert load_inputs(source).policy.production  # validate (no target) still accepts it
+    with pytest.raises(PolicyError) as caught:
+        load_inputs(source, target="labels")
+    assert [p.path for p in caught.value.problems] == ["node_pools.0.nodes"]
+    assert unlabelled_production(policy_of(LLAMA)) is None  # the default lists its nodes
 
 
 # --- the HPA and the adapter rule -----------------------------------------------------------

@@ -328,7 +328,7 @@ def test_console_tables_keep_every_value_whole_at_80_columns(
     )
     result = replace(doubled, pooled=pooled, fixed=replace(doubled.fixed, **big))
     out = io.StringIO()
-    console = Console(file=out, width=80, highlight=False, color_system=None)
+    console = Console(file=out, width=80, force_terminal=True, highlight=False, color_system=None)
     monkeypatch.setattr(whatif_commands, "console", console)
     whatif_commands.print_summary(result, "a constructed replay")
     text = out.getvalue()
@@ -375,7 +375,9 @@ def test_the_class_table_keeps_every_value_whole_at_80_columns(
     )
     out = io.StringIO()
     monkeypatch.setattr(
-        whatif_commands, "console", Console(file=out, width=80, highlight=False, color_system=None)
+        whatif_commands,
+        "console",
+        Console(file=out, width=80, force_terminal=True, highlight=False, color_system=None),
     )
     whatif_commands.print_classes(result)
     text = out.getvalue()

@@ -91,11 +91,15 @@ def test_base_and_head_refs_give_one_pr_comment(tmp_path: Path) -> None:
             "1",
             "--markdown",
             str(comment),
+            "--plots",
+            str(tmp_path / "plots"),
         ],
     )
     assert result.exit_code == 0, result.output
     text = comment.read_text()
     assert text.startswith(MARKER) and "`HEAD~1` -> `HEAD`" in text
+    # plots named from the comment's folder (as the CI artifact holds them), not the cwd's
+    assert "Plot: `plots/head-gpus_held.png`" in text
     assert "harvested GPU-h" in text and len(text) < 65_000
     assert "Head: **" in text and "x cluster useful GPU-hours** (pooled" in text
     assert "| pooled / fixed useful GPU-h |" in text and "| goal: harvest efficiency" in text
