@@ -20,6 +20,7 @@ def _paragraphs(path: Path) -> list[str]:
     return re.split(r"\n\s*\n", path.read_text())
 
 
+@pytest.mark.process
 def test_gpupool_checkout_ignores_build_and_the_readme_says_so() -> None:
     ignored = [ln.strip() for ln in (ROOT / ".gitignore").read_text().splitlines()]
     assert "build/" in ignored

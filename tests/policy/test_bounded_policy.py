@@ -128,6 +128,7 @@ def _validate(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["character device", "FIFO"])
 def test_special_files_are_refused_as_the_policy(tmp_path: Path, kind: str) -> None:
     path = Path("/dev/zero") if kind == "character device" else tmp_path / "pool.yaml"
@@ -138,6 +139,7 @@ def test_special_files_are_refused_as_the_policy(tmp_path: Path, kind: str) -> N
     assert done.stderr.strip() == f"{path}:0: expected a regular file, found a {kind}"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["character device", "FIFO"])
 def test_special_files_are_refused_as_hf_config(tmp_path: Path, kind: str) -> None:
     config = Path("/dev/zero") if kind == "character device" else tmp_path / "config.json"

@@ -64,6 +64,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["character device", "FIFO", "directory"])
 @pytest.mark.parametrize("option", ["--flex-trace", "--prod-trace"])
 def test_special_files_are_refused_before_reading(tmp_path: Path, kind: str, option: str) -> None:
@@ -101,6 +102,7 @@ def _peak_growth(code: str) -> dict[str, object]:
     return result
 
 
+@pytest.mark.process
 def test_a_gzip_bomb_stops_at_the_cap(tmp_path: Path) -> None:
     bomb = tmp_path / "bomb.csv.gz"
     packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: a gzip container
@@ -123,6 +125,7 @@ def test_a_gzip_bomb_stops_at_the_cap(tmp_path: Path) -> None:
     assert isinstance(measured["growth_mib"], float) and measured["growth_mib"] < 24, measured
 
 
+@pytest.mark.process
 def test_a_burst_tiled_to_a_day_is_refused_before_its_arrays_exist() -> None:
     measured = _peak_growth(
         "n = 20_000\n"
@@ -141,6 +144,7 @@ def test_a_burst_tiled_to_a_day_is_refused_before_its_arrays_exist() -> None:
     assert isinstance(measured["growth_mib"], float) and measured["growth_mib"] < 16, measured
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("write", "bound"), [(h.write_azure_trace, 2.0), (h.write_mooncake_trace, 5.0)]
 )
