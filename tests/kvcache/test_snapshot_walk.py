@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
+from runtime.kvcache.preservation.gc import GcSettings, SnapshotGc
 from runtime.kvcache.preservation.retention import plan
 from runtime.kvcache.preservation.volume import Budget, scan
 
@@ -254,6 +256,30 @@ def test_the_walk_stops_at_its_budget_and_then_reclaims_nothing(root: Path) -> N
     assert reclaiming.reclaimed_tiers == {stale.name}  # what the partial scan held back
     walk = show(root, "--budget-s", "1e-9")["walk"]
     assert walk["complete"] is False and "stopped at its 1e-09 s budget" in walk["note"]
+
+
+def test_the_gc_exports_what_its_walk_passed_over(root: Path, tmp_path: Path) -> None:
+    """In process, with entries no code path opens (a FIFO block, a record linked to a
+    regular file outside): each is counted once although records are looked at twice."""
+    volume(root)
+    outside = outside_dir(tmp_path)
+    os.mkfifo(root / TIER / "b" / f"{'f' * 64}.bin")
+    (root / ".gpupool" / "replicas" / "pod-gc.1.000000.json").symlink_to(
+        outside / "pod-x.1.000000.json"
+    )
+    registry = CollectorRegistry()
+    gc = SnapshotGc(root, "pod-gc", registry)
+    gc.run_once(GcSettings(capacity_bytes=CAPACITY, reclaim_after_s=900, interval_s=60))
+    assert registry.get_sample_value("gpupool_kv_tier_gc_passed_over_entries") == 2
+    assert registry.get_sample_value("gpupool_kv_tier_gc_complete") == 1
+    assert (
+        registry.get_sample_value("gpupool_kv_tier_deleted_files_total", {"reason": "capacity"})
+        == 2
+    )
+    assert gc.own_status() is None  # the linked record is not this pod's
+    cut = GcSettings(capacity_bytes=CAPACITY, reclaim_after_s=900, interval_s=60, pass_budget_s=0)
+    gc.run_once(cut)
+    assert registry.get_sample_value("gpupool_kv_tier_gc_complete") == 0
 
 
 # --- generated trees ---

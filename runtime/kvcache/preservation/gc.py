@@ -113,6 +113,17 @@ class SnapshotGc:
         self.errors = Counter(
             "gpupool_kv_tier_gc_errors", "Files the GC could not delete.", registry=registry
         )
+        self.passed_over = Gauge(
+            "gpupool_kv_tier_gc_passed_over_entries",
+            "Entries the last pass walked past: symlinks, FIFOs, devices, sockets, records over "
+            "64 KiB, folders it could not list (the GC's log names them).",
+            registry=registry,
+        )
+        self.complete = Gauge(
+            "gpupool_kv_tier_gc_complete",
+            "1 if the last pass walked the whole volume, 0 if it stopped at its time budget.",
+            registry=registry,
+        )
         self.last_pass = Gauge(
             "gpupool_kv_tier_gc_last_pass_timestamp_seconds",
             "Unix time of the last GC pass.",
@@ -167,6 +178,8 @@ class SnapshotGc:
         self._count_exits(at, settings.reclaim_after_s, budget)
         if (left_out := budget.report()) is not None:
             log.warning("snapshot GC: %s", left_out)
+        self.passed_over.set(budget.skipped)
+        self.complete.set(0 if budget.expired else 1)
         self.used.set(decided.used_bytes - sum(done.deleted_bytes.values()))
         self.capacity.set(settings.capacity_bytes)
         live = len(decided.live_tiers)
@@ -183,27 +196,36 @@ class SnapshotGc:
             )
         return decided, done
 
-    def own_status(self, budget: Budget | None = None) -> TierStatus | None:
+    def own_status(self) -> TierStatus | None:
         """The record of this pod's running tier (its newest), if it has started."""
-        budget = budget or Budget()
+        return self._own_newest(self._records(Budget()))
+
+    def _records(self, budget: Budget) -> dict[Path, TierStatus | None]:
+        """Every file in the replicas' folder, each read once: its record, or None (counted
+        already, or not a record)."""
+        return {
+            path: None if path.name.endswith(COUNTED) else read_status(path, budget)
+            for path in records(replicas_dir(self.root), budget)
+        }
+
+    def _own_newest(self, found: dict[Path, TierStatus | None]) -> TierStatus | None:
         mine = [
-            p
-            for p in records(replicas_dir(self.root), budget)
-            if p.name.startswith(f"{self.pod}.") and p.name.endswith(".json")
+            record
+            for path, record in found.items()
+            if record is not None and path.name.startswith(f"{self.pod}.")
         ]
-        found = [r for r in (read_status(p, budget) for p in mine) if r is not None]
-        return max(found, key=lambda r: r.started_at, default=None)
+        return max(mine, key=lambda r: r.started_at, default=None)
 
     def _count_exits(self, now: float, reclaim_after_s: float, budget: Budget) -> None:
         """Count each exited replica's record once, then delete counted ones when old."""
-        current = self.own_status(budget)
-        for path in records(replicas_dir(self.root), budget):
+        found = self._records(budget)
+        current = self._own_newest(found)
+        for path, record in found.items():
             age = now - mtime(path)
             if path.name.endswith(COUNTED):
                 if age > reclaim_after_s:
                     path.unlink(missing_ok=True)
                 continue
-            record = read_status(path, budget)
             if record is None or record == current:
                 continue
             if record.flush is None and age <= reclaim_after_s:

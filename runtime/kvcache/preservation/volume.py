@@ -107,7 +107,7 @@ def scan(root: Path, budget: Budget | None = None) -> Scan:
         if beat is None:
             beat = max((f.mtime for f in found), default=mtime(top.path))
         heartbeats[top.name] = beat
-    return Scan(tuple(files), heartbeats, complete=not budget.over())
+    return Scan(tuple(files), heartbeats, complete=not budget.expired)
 
 
 @dataclass
