@@ -52,7 +52,21 @@ class Cluster(StrictModel):
     prometheus_url: HttpUrlText = "http://prometheus-operated.monitoring.svc:9090"
     """Prometheus the tuner queries (in-cluster URL; prometheus-operator's default Service)."""
     tuner_port: int = Field(9095, ge=1024, le=65535)
-    """Port of the tuner's HTTP listener (Alertmanager webhook, metrics) and of its Service."""
+    """Port of the tuner's webhook listener (Alertmanager) and of its Service."""
+    tuner_ops_port: int = Field(9096, ge=1024, le=65535)
+    """Port of the tuner's health and metrics listener (kubelet probes, Prometheus); its own
+    port so that no client of the webhook can starve the probes."""
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> Cluster:
+        found = Invariants()
+        found.require(
+            self.tuner_ops_port != self.tuner_port,
+            "tuner_ops_port",
+            f"expected a port other than cluster.tuner_port ({self.tuner_port})",
+        )
+        found.raise_if_any()
+        return self
 
 
 class PoolPolicy(StrictModel):

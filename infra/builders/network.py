@@ -4,8 +4,9 @@
   ``network.flex_client_namespaces`` (the gateway or router), and Prometheus;
 - flex pod, compaction sidecar port (``kv-metrics``): the tuner (compaction requests) and
   Prometheus;
-- tuner, webhook port: Alertmanager (the ``gpupool-tuner`` receiver; by default in the system
-  namespace, beside the configuration Secret the bundle renders for it) and Prometheus;
+- tuner, webhook port (``http``): Alertmanager (the ``gpupool-tuner`` receiver; by default in
+  the system namespace, beside the configuration Secret the bundle renders for it); its
+  health and metrics port (``ops``: ``/healthz``, ``/metrics``, no token): Prometheus;
 - endpoint picker (serving layer), ext_proc port: the Gateway's namespace; its metrics port:
   Prometheus.
 
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from infra.builders.compaction_sidecar import METRICS_PORT
 from infra.builders.meta import Manifest, metadata, selector_labels
 from infra.builders.rbac import TUNER_SERVICE_ACCOUNT
-from infra.builders.runtime_components import TUNER_PORT
+from infra.builders.runtime_components import TUNER_OPS_PORT, TUNER_PORT
 from infra.builders.snapshot_gc import preserving
 from infra.builders.workload import COMPONENT, HTTP_PORT
 from policy import PoolPolicy
@@ -84,7 +85,8 @@ def flex_network_policy(
 
 
 def tuner_network_policy(policy: PoolPolicy) -> Manifest:
-    """Ingress of the tuner: its webhook and metrics port, from Alertmanager and Prometheus."""
+    """Ingress of the tuner: its webhook port from Alertmanager only, its health and metrics
+    port from Prometheus only (``/metrics`` has no token: this is what guards it)."""
     out = _policy(
         TUNER_SERVICE_ACCOUNT,
         "tuner",
@@ -93,8 +95,10 @@ def tuner_network_policy(policy: PoolPolicy) -> Manifest:
     )
     network = policy.network
     alertmanager = network.alertmanager_home
-    peers = [_pods(alertmanager, network.alertmanager_pod_labels), _prometheus(policy)]
-    out["spec"]["ingress"] = [_rule(peers, TUNER_PORT)]
+    out["spec"]["ingress"] = [
+        _rule([_pods(alertmanager, network.alertmanager_pod_labels)], TUNER_PORT),
+        _rule([_prometheus(policy)], TUNER_OPS_PORT),
+    ]
     return out
 
 

@@ -36,10 +36,14 @@ FORGE_TOKEN_DIR = "/etc/gpupool/forge-token"
 """Where the GitHub token Secret (``tuner.forge_token_secret``) is mounted."""
 
 TUNER_PORT = "http"
-"""Name of the tuner's container port (webhook, ``/metrics``, ``/healthz``)."""
+"""Name of the tuner's webhook port (``cluster.tuner_port``: ``POST /alerts``)."""
+
+TUNER_OPS_PORT = "ops"
+"""Name of the tuner's health and metrics port (``cluster.tuner_ops_port``: ``/healthz``,
+``/metrics``), served by handlers of its own so that webhook clients cannot starve it."""
 
 HEALTH_PATH = "/healthz"
-"""The tuner listener's health endpoint (readiness and liveness)."""
+"""The tuner's health endpoint (readiness and liveness), on ``TUNER_OPS_PORT``."""
 
 TUNER_MILLICORES, TUNER_MIB = 250, 512
 TUNER_RESOURCES = {"cpu": f"{TUNER_MILLICORES}m", "memory": f"{TUNER_MIB}Mi"}
@@ -118,6 +122,8 @@ def tuner_command(policy: PoolPolicy) -> list[str]:
         "tune",
         "--listen",
         f"0.0.0.0:{policy.cluster.tuner_port}",
+        "--ops-listen",
+        f"0.0.0.0:{policy.cluster.tuner_ops_port}",
         "--token-file",
         f"{WEBHOOK_TOKEN_DIR}/{settings.webhook_token_key}",
         "--compaction-token-file",
@@ -220,7 +226,7 @@ def clone_container(policy: PoolPolicy) -> Manifest:
 def tuner_container(policy: PoolPolicy) -> Manifest:
     """The ``gpupool tune --listen`` container; ready once its HTTP listener answers."""
     settings = policy.tuner
-    probe = {"httpGet": {"path": HEALTH_PATH, "port": TUNER_PORT}}
+    probe = {"httpGet": {"path": HEALTH_PATH, "port": TUNER_OPS_PORT}}
     tokens = [
         {"name": volume, "mountPath": path, "readOnly": True}
         for volume, _, path, _ in token_secrets(settings)
@@ -231,7 +237,12 @@ def tuner_container(policy: PoolPolicy) -> Manifest:
         "command": tuner_command(policy),
         "env": git_env(settings),
         "ports": [
-            {"name": TUNER_PORT, "containerPort": policy.cluster.tuner_port, "protocol": "TCP"}
+            {"name": TUNER_PORT, "containerPort": policy.cluster.tuner_port, "protocol": "TCP"},
+            {
+                "name": TUNER_OPS_PORT,
+                "containerPort": policy.cluster.tuner_ops_port,
+                "protocol": "TCP",
+            },
         ],
         "readinessProbe": probe | {"periodSeconds": 10},
         # a listener that stops answering is restarted (the cycle loop runs beside it)

@@ -90,6 +90,7 @@ def gc(
             if reload.policy is not None:
                 settings = settings_for(reload.policy, capacity_bytes)
             decided, applied = collector.run_once(settings)
+            walk = collector.last_walk
             typer.echo(
                 json.dumps(
                     {
@@ -97,6 +98,8 @@ def gc(
                         "kept_bytes": decided.kept_bytes,
                         "deleted": applied.deleted_files,
                         "errors": len(applied.errors),
+                        "passed_over": walk.skipped if walk else 0,
+                        "complete": not (walk and walk.expired),
                     }
                 ),
                 err=True,
@@ -110,16 +113,26 @@ def gc(
 
 
 @snapshot_app.command()
-def show(root: RootOpt) -> None:
+def show(
+    root: RootOpt,
+    budget_s: Annotated[
+        float, typer.Option("--budget-s", help="Longest the walk of the volume may take.")
+    ] = 60.0,
+) -> None:
     """The tiers on the volume (bytes, files, heartbeat age) and the replicas' records, as JSON;
-    deletes nothing."""
+    deletes nothing. Entries that are not directories or regular files (FIFOs, devices,
+    symlinks), oversized records and what the budget did not reach are left out, and said so
+    in ``walk``."""
     from runtime.kvcache.preservation.status import read_status, replicas_dir
-    from runtime.kvcache.preservation.volume import scan
+    from runtime.kvcache.preservation.volume import Budget, records, scan
 
     with reported_errors():
         if not root.is_dir():
             raise UsageProblem(f"--root: {root} is not a directory")
-    found = scan(root)
+        if not budget_s > 0:
+            raise UsageProblem(f"--budget-s: expected more than 0 seconds, found {budget_s}")
+    budget = Budget(budget_s)
+    found = scan(root, budget)
     now = time.time()
     tiers = {
         name: {
@@ -129,12 +142,13 @@ def show(root: RootOpt) -> None:
         }
         for name, beat in sorted(found.heartbeats.items())
     }
-    records = {
+    replicas = {
         path.name: record.model_dump()
-        for path in sorted(replicas_dir(root).glob("*.json*"))
-        if (record := read_status(path)) is not None
+        for path in records(replicas_dir(root), budget)
+        if ".json" in path.name and (record := read_status(path, budget)) is not None
     }
-    typer.echo(json.dumps({"tiers": tiers, "replicas": records}, indent=2))
+    walk = {"complete": not budget.expired, "passed_over": budget.skipped, "note": budget.report()}
+    typer.echo(json.dumps({"tiers": tiers, "replicas": replicas, "walk": walk}, indent=2))
 
 
 def register(app: typer.Typer) -> None:

@@ -29,10 +29,10 @@ def _timestamp(value: str) -> float:
         ) from None
 
 
-def _listen_address(value: str) -> tuple[str, int]:
+def _listen_address(option: str, value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageProblem(f"--listen expects HOST:PORT such as 0.0.0.0:9095, found {value!r}")
+        raise UsageProblem(f"{option} expects HOST:PORT such as 0.0.0.0:9095, found {value!r}")
     return host, int(port)
 
 
@@ -76,7 +76,14 @@ def tune(
     ] = False,
     listen: Annotated[
         str | None,
-        typer.Option(help="HOST:PORT for the Alertmanager webhook (POST /alerts) and /metrics."),
+        typer.Option(help="HOST:PORT for the Alertmanager webhook (POST /alerts)."),
+    ] = None,
+    ops_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT for GET /healthz and GET /metrics (handlers of their own, so slow "
+            "webhook clients cannot starve the probes)."
+        ),
     ] = None,
     policy_path: Annotated[str, typer.Option(help="Policy file inside --repo.")] = (
         "policy/pool.yaml"
@@ -144,7 +151,7 @@ def tune(
     from runtime.tuner.prometheus import connect
     from runtime.tuner.selfmetrics import TunerMetrics
     from runtime.tuner.settings import load_settings
-    from runtime.tuner.webhook import Triggers, run_loop, serve
+    from runtime.tuner.webhook import Triggers, run_loop, serve, serve_ops
     from runtime.tuner.yamledit import YamlEditError
 
     logging.basicConfig(
@@ -212,21 +219,22 @@ def tune(
         triggers = Triggers()
         # SIGTERM (pod shutdown) lets the running cycle finish, then the loop returns
         signal.signal(signal.SIGTERM, lambda *_: triggers.close())
-        server = None
+        servers = []
         if listen is not None:
-            server = serve(
-                _listen_address(listen),
-                token=_token(token_file),
-                triggers=triggers,
-                metrics=metrics,
+            address = _listen_address("--listen", listen)
+            servers.append(
+                serve(address, token=_token(token_file), triggers=triggers, metrics=metrics)
             )
-            err_console.print(f"listening on {listen} (POST /alerts, GET /metrics)")
+            err_console.print(f"listening on {listen} (POST /alerts)")
+        if ops_listen is not None:
+            servers.append(serve_ops(_listen_address("--ops-listen", ops_listen), metrics=metrics))
+            err_console.print(f"listening on {ops_listen} (GET /healthz, GET /metrics)")
         try:
             run_loop(cycle=cycle, triggers=triggers, interval_s=settings.interval_s)
         except KeyboardInterrupt:
             pass
         finally:
-            if server is not None:
+            for server in servers:
                 server.shutdown()
 
 

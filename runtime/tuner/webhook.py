@@ -1,13 +1,16 @@
-"""Edge: the tuner's HTTP face on ``--listen``: Alertmanager's webhook and /metrics.
+"""Edge: the tuner's HTTP faces: Alertmanager's webhook on ``--listen``, health and
+metrics on ``--ops-listen``.
 
-``POST /alerts`` takes Alertmanager's webhook payload (version 4) with
+``POST /alerts`` (``serve``) takes Alertmanager's webhook payload (version 4) with
 ``Authorization: Bearer <token>``. A firing notification wakes the tuning loop for an
 immediate cycle; a repeat of one already seen (same ``groupKey``, alert fingerprints and
 start times, as Alertmanager re-sends every ``repeat_interval``) and resolved
-notifications do not. ``GET /metrics`` serves the tuner's own metrics.
+notifications do not. ``GET /healthz`` and ``GET /metrics`` (``serve_ops``) answer on a
+listener of their own, so clients of the webhook port cannot starve the probes.
 
-The server survives bad clients (``WebhookLimits``): at most ``max_handlers`` connections
-are served at once, each must deliver its whole request within ``read_timeout_s``, the
+Both listeners survive bad clients (``WebhookLimits``): at most ``max_handlers`` connections
+are served at once and ``max_per_client`` from one address, each must deliver its whole
+request within ``read_timeout_s`` (one deadline, not a per-read timeout), the
 body's length is checked before a byte of it is read, its JSON nesting before it is parsed,
 and its types before anything acts on it. Every refusal is counted by reason in
 ``gpupool_tuner_webhook_rejected_total``.
@@ -24,7 +27,7 @@ import socket
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from email.message import Message
@@ -65,6 +68,9 @@ class WebhookLimits:
     (headers and body) and for each write of the reply; a slower client is dropped."""
     max_handlers: int = 8
     """Connections served at once (one thread each); further ones wait for a handler."""
+    max_per_client: int = 4
+    """Connections one client address may have open at once; one more gets 503 at once, so
+    a single client holds at most half of the handlers however many sockets it opens."""
     queue_wait_s: float = 15.0
     """How long an accepted connection waits for a free handler before it gets 503. Above
     ``read_timeout_s``, so a connection queued behind slow clients is served when the
@@ -279,7 +285,8 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most ``limits.max_handlers`` at once."""
+    """A thread per connection, at most ``limits.max_handlers`` at once and
+    ``limits.max_per_client`` per client address."""
 
     request_queue_size = 64  # connections waiting for a handler queue in the kernel
 
@@ -293,27 +300,30 @@ class _BoundedServer(ThreadingHTTPServer):
     ) -> None:
         self.limits, self.metrics = limits, metrics
         self._slots = threading.BoundedSemaphore(limits.max_handlers)
+        self._open: Counter[str] = Counter()  # connections per client address
+        self._open_lock = threading.Lock()
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        """In the accept loop: refuse a client over its share at once (before it can wait
+        for a handler), then wait up to ``queue_wait_s`` for a free handler."""
+        client = str(client_address[0])
+        with self._open_lock:
+            over = self._open[client] >= self.limits.max_per_client
+            if not over:
+                self._open[client] += 1
+        if over:
+            self._refuse(request, "per_client", b"busy: too many connections from this client\n")
+            return
         if not self._slots.acquire(timeout=self.limits.queue_wait_s):
-            self.metrics.webhook_rejected.labels("busy").inc()
-            body = b"busy: every handler is taken, retry\n"
-            head = (
-                "HTTP/1.0 503 Service Unavailable\r\nRetry-After: 1\r\n"
-                f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n"
-            )
-            try:
-                request.settimeout(self.limits.read_timeout_s)
-                request.sendall(head.encode() + body)
-            except OSError:
-                pass
-            self.shutdown_request(request)
+            self._closed(client)
+            self._refuse(request, "busy", b"busy: every handler is taken, retry\n")
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
+            self._closed(client)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -321,6 +331,28 @@ class _BoundedServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+            self._closed(str(client_address[0]))
+
+    def _closed(self, client: str) -> None:
+        with self._open_lock:
+            self._open[client] -= 1
+            if self._open[client] <= 0:
+                del self._open[client]
+
+    def _refuse(self, request: Any, reason: str, body: bytes) -> None:
+        """503 ``body`` without reading the request; a reply this small fits the socket's
+        buffer, so the accept loop does not wait on the client."""
+        self.metrics.webhook_rejected.labels(reason).inc()
+        head = (
+            "HTTP/1.0 503 Service Unavailable\r\nRetry-After: 1\r\n"
+            f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        try:
+            request.settimeout(self.limits.read_timeout_s)
+            request.sendall(head.encode() + body)
+        except OSError:
+            pass
+        self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that vanishes mid-request is routine; anything else is a bug worth a trace
@@ -331,6 +363,60 @@ class _BoundedServer(ThreadingHTTPServer):
             log.exception("request from %s failed", client_address)
 
 
+class _Handler(BaseHTTPRequestHandler):
+    """What both listeners share: the connection's deadline, one-line refusals, counting."""
+
+    server: _BoundedServer
+    error_message_format = "%(code)d %(message)s: %(explain)s\n"  # one line, like ours
+    error_content_type = "text/plain"
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # replaced by a reader that keeps the connection's deadline
+        self._expired = False
+        self.rfile = io.BufferedReader(
+            _DeadlineReader(self.connection, self.server.limits.read_timeout_s, self._expiry)
+        )
+
+    def _expiry(self) -> None:
+        if not self._expired:
+            self._expired = True
+            self.server.metrics.webhook_rejected.labels("timeout").inc()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals: bad request line, headers too long or too many,
+        unsupported method."""
+        self.server.metrics.webhook_rejected.labels("protocol").inc()
+        super().send_error(code, message, explain)
+
+    def end_headers(self) -> None:
+        # bound each write of the reply
+        self.connection.settimeout(self.server.limits.read_timeout_s)
+        super().end_headers()
+
+    def _reply(self, status: int, body: bytes, ctype: str = "text/plain") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+def _start(
+    name: str,
+    address: tuple[str, int],
+    handler: type[_Handler],
+    limits: WebhookLimits,
+    metrics: TunerMetrics,
+) -> ThreadingHTTPServer:
+    server = _BoundedServer(address, handler, limits=limits, metrics=metrics)
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    return server
+
+
 def serve(
     address: tuple[str, int],
     *,
@@ -339,36 +425,15 @@ def serve(
     metrics: TunerMetrics,
     limits: WebhookLimits = DEFAULT_LIMITS,
 ) -> ThreadingHTTPServer:
-    """Start the server in a daemon thread; the caller shuts it down."""
+    """Start the webhook (``POST /alerts``) in a daemon thread; the caller shuts it down."""
     if not token:
         raise ValueError("the webhook needs a bearer token; refusing to listen without one")
     expected = f"Bearer {token}".encode()
     rejected = metrics.webhook_rejected
 
-    class Handler(BaseHTTPRequestHandler):
-        error_message_format = "%(code)d %(message)s: %(explain)s\n"  # one line, like ours
-        error_content_type = "text/plain"
-
-        def setup(self) -> None:
-            super().setup()
-            self.rfile.close()  # replaced by a reader that keeps the connection's deadline
-            self._expired = False
-            self.rfile = io.BufferedReader(
-                _DeadlineReader(self.connection, limits.read_timeout_s, self._count_expiry)
-            )
-
-        def _count_expiry(self) -> None:
-            if not self._expired:
-                self._expired = True
-                rejected.labels("timeout").inc()
-
+    class Webhook(_Handler):
         def do_GET(self) -> None:
-            if self.path == "/metrics":
-                self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
-            elif self.path == "/healthz":
-                self._reply(200, b"ok\n")
-            else:
-                self._reply(404, b"not found\n")
+            self._reply(404, b"not found: GET /healthz and /metrics are on the ops listener\n")
 
         def do_POST(self) -> None:
             if self.path != "/alerts":
@@ -402,28 +467,24 @@ def serve(
                 metrics.notifications.labels("duplicate").inc()
                 self._reply(200, b"duplicate notification: already evaluated\n")
 
-        def send_error(
-            self, code: int, message: str | None = None, explain: str | None = None
-        ) -> None:
-            """http.server's own refusals: bad request line, headers too long or too many,
-            unsupported method."""
-            rejected.labels("protocol").inc()
-            super().send_error(code, message, explain)
+    return _start("tuner-webhook", address, Webhook, limits, metrics)
 
-        def end_headers(self) -> None:
-            self.connection.settimeout(limits.read_timeout_s)  # bound each write of the reply
-            super().end_headers()
 
-        def _reply(self, status: int, body: bytes, ctype: str = "text/plain") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+def serve_ops(
+    address: tuple[str, int], *, metrics: TunerMetrics, limits: WebhookLimits = DEFAULT_LIMITS
+) -> ThreadingHTTPServer:
+    """Start ``GET /healthz`` and ``GET /metrics`` in a daemon thread of their own, with
+    handlers of their own: however many slow clients hold the webhook's, the probes are
+    answered. No token: the NetworkPolicy admits only Prometheus here (the kubelet's probes
+    come from the node), and the metrics are counts, never a secret."""
 
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("%s " + format, self.address_string(), *args)
+    class Ops(_Handler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                self._reply(200, b"ok\n")
+            else:
+                self._reply(404, b"not found\n")
 
-    server = _BoundedServer(address, Handler, limits=limits, metrics=metrics)
-    threading.Thread(target=server.serve_forever, name="tuner-webhook", daemon=True).start()
-    return server
+    return _start("tuner-ops", address, Ops, limits, metrics)

@@ -236,11 +236,16 @@ def test_every_open_port_admits_only_its_clients(policy: PoolPolicy) -> None:
                 "http": [prometheus, (namespace, {})]
                 + [(ns, {}) for ns in policy.network.flex_client_namespaces]
                 if name != "gpupool-tuner"
-                else [prometheus, alertmanager],
+                else [alertmanager],  # the webhook: Alertmanager only
+                # /healthz and /metrics (no token): Prometheus only, the kubelet from the node
+                "ops": [prometheus],
                 # the tuner posts compaction requests; a snapshot GC serves Prometheus only
                 "kv-metrics": [prometheus]
                 + [(policy.cluster.system_namespace, tuner_pod)] * compacts,
             }[port]
+            if name == "gpupool-tuner":  # neither client reaches the other's port
+                refused = {"http": prometheus, "ops": alertmanager}[port]
+                assert not _admits(rule, *refused, namespace), (name, port)
             for ns, labels in allowed:
                 assert _admits(rule, ns, labels, namespace), (name, port, ns)
                 if labels:  # only those pods of that namespace

@@ -68,7 +68,12 @@ def test_ready_when_healthz_answers_and_no_pr_without_a_forge() -> None:
     policy = load_policy()
     pod = _pod(policy)
     (tuner,) = pod["containers"]
-    assert tuner["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # the probes have a listener of their own, which webhook clients cannot starve
+    assert tuner["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "ops"}
+    ports = {p["name"]: p["containerPort"] for p in tuner["ports"]}
+    assert ports == {"http": policy.cluster.tuner_port, "ops": policy.cluster.tuner_ops_port}
+    command = tuner["command"]
+    assert command[command.index("--ops-listen") + 1] == f"0.0.0.0:{policy.cluster.tuner_ops_port}"
     assert "--open-pr" not in tuner["command"]
     assert "GITHUB_TOKEN" not in container_env(tuner)
     assert tuner["livenessProbe"]["httpGet"] == tuner["readinessProbe"]["httpGet"]
@@ -87,6 +92,11 @@ def test_ready_when_healthz_answers_and_no_pr_without_a_forge() -> None:
     for container in (init, tuner):
         (state,) = [m for m in container["volumeMounts"] if m["name"] == "state"]
         assert REPO_PATH.startswith(state["mountPath"] + "/")
+
+
+def test_the_ops_port_is_not_the_webhook_port() -> None:
+    with pytest.raises(PolicyError, match=r"cluster.tuner_ops_port: expected a port other than"):
+        policy_with({"cluster.tuner_ops_port": 9095})
 
 
 def test_forge_repo_opens_prs_with_the_token_secret() -> None:

@@ -163,6 +163,7 @@ NUMBERS: dict[str, Callable[[Any], bool]] = {
     "workloads.0.startup_timeout_s": _int32(1),
     "workloads.0.max_num_seqs": _int32(1),
     "cluster.tuner_port": _int32(1, 65535),
+    "cluster.tuner_ops_port": _int32(1, 65535),
     "production.0.min_replicas": _int32(1),
     "production.0.max_replicas": _int32(1),
     "priorities.training.value": _int32(-(10**9), 10**9),  # above 1e9: system classes only

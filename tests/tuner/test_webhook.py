@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
@@ -50,6 +50,7 @@ from runtime.tuner.webhook import (
     parse_notification,
     run_loop,
     serve,
+    serve_ops,
 )
 from tests.harness.containers import run_container
 from tests.harness.servers import REPO, Server, free_port, start_alertmanager
@@ -65,10 +66,11 @@ class Tuner:
         self.metrics = TunerMetrics.create()
         self.triggers = Triggers()
         self.reports: list[tuple[str, CycleReport]] = []
-        self.port = free_port()
+        self.port, self.ops_port = free_port(), free_port()
         self.server = serve(
             ("127.0.0.1", self.port), token=TOKEN, triggers=self.triggers, metrics=self.metrics
         )
+        self.ops = serve_ops(("127.0.0.1", self.ops_port), metrics=self.metrics)
 
         def cycle(trigger: str) -> None:
             report = run_cycle(
@@ -109,6 +111,7 @@ class Tuner:
         self.triggers.close()
         self.loop.join(timeout=30)
         self.server.shutdown()
+        self.ops.shutdown()
 
 
 @pytest.fixture
@@ -189,7 +192,8 @@ def test_alertmanager_notification_triggers_an_evaluation(tuner: Tuner, tmp_path
         )
         == 1
     )
-    with urllib.request.urlopen(tuner.url + "/metrics", timeout=10) as response:
+    ops = f"http://127.0.0.1:{tuner.ops_port}"
+    with urllib.request.urlopen(ops + "/metrics", timeout=10) as response:
         text = response.read().decode()
     assert 'gpupool_tuner_cycles_total{trigger="alert"} 1.0' in text
     assert "gpupool_tuner_query_seconds_count" in text
@@ -273,9 +277,10 @@ def test_listen_process_serves_webhook_and_metrics_and_stops_on_sigterm(
     scenario_prometheus: Server, policy_repo: Path, tmp_path: Path
 ) -> None:
     """The Deployment's init container and command line as real processes."""
-    port = free_port()
+    port, ops_port = free_port(), free_port()
     command = _deployment_command(policy_repo, scenario_prometheus, tmp_path / "state")
     command[command.index("--listen") + 1] = f"127.0.0.1:{port}"
+    command[command.index("--ops-listen") + 1] = f"127.0.0.1:{ops_port}"
     log = (tmp_path / "tuner.log").open("wb")
     process = subprocess.Popen(
         [*command, "--at", str(scenarios.evaluation_time("idle"))],
@@ -284,11 +289,11 @@ def test_listen_process_serves_webhook_and_metrics_and_stops_on_sigterm(
         stderr=subprocess.STDOUT,
         env={k: v for k, v in os.environ.items() if k != TOKEN_ENV},  # the file, not $ENV
     )
-    url = f"http://127.0.0.1:{port}"
+    url, ops = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ops_port}"
 
     def metric(name: str) -> float | None:
         try:
-            with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            with urllib.request.urlopen(ops + "/metrics", timeout=5) as response:
                 text = response.read().decode()
         except OSError:
             return None
@@ -300,7 +305,7 @@ def test_listen_process_serves_webhook_and_metrics_and_stops_on_sigterm(
     try:
         _wait_for(lambda: metric('gpupool_tuner_cycles_total{trigger="start"}') == 1)
         probe = _readiness_path()
-        with urllib.request.urlopen(url + probe, timeout=10) as response:
+        with urllib.request.urlopen(ops + probe, timeout=10) as response:
             assert response.status == 200  # the readiness probe passes
         payload = {
             "status": "firing",
@@ -343,16 +348,21 @@ def test_listen_process_serves_webhook_and_metrics_and_stops_on_sigterm(
 # --- bad clients, on a real socket, without Prometheus or Alertmanager ---
 
 SMALL = WebhookLimits(
-    max_body_bytes=4096, max_json_depth=8, read_timeout_s=1.0, max_handlers=2, queue_wait_s=5.0
+    max_body_bytes=4096,
+    max_json_depth=8,
+    read_timeout_s=1.0,
+    max_handlers=2,
+    max_per_client=2,
+    queue_wait_s=5.0,
 )
 """Limits of the fast tests: small enough that a refusal is quick to provoke."""
 AUTH = ("Authorization", f"Bearer {TOKEN}")
 
 
 class Webhook:
-    """``serve`` on an ephemeral port with its own metrics and triggers; counts read as
-    the change since the last ``fresh`` (one server serves a whole module: each shutdown
-    waits out ``serve_forever``'s 0.5 s poll)."""
+    """``serve`` and ``serve_ops`` on ephemeral ports with their own metrics and triggers;
+    counts read as the change since the last ``fresh`` (one server serves a whole module:
+    each shutdown waits out ``serve_forever``'s 0.5 s poll)."""
 
     def __init__(self, limits: WebhookLimits) -> None:
         self.metrics = TunerMetrics.create()
@@ -364,7 +374,9 @@ class Webhook:
             metrics=self.metrics,
             limits=limits,
         )
+        self.ops = serve_ops(("127.0.0.1", 0), metrics=self.metrics, limits=limits)
         self.port = int(self.server.server_address[1])
+        self.ops_port = int(self.ops.server_address[1])
         self._start: dict[tuple[str, str], float] = {}
 
     def fresh(self) -> Webhook:
@@ -385,8 +397,9 @@ class Webhook:
         return self.count("gpupool_tuner_webhook_rejected_total", reason=reason)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        for server in (self.server, self.ops):
+            server.shutdown()
+            server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -635,6 +648,153 @@ def test_handlers_are_bounded_and_an_extra_connection_gets_503() -> None:
         assert exchange(one.port, request_bytes(firing()))[0] == 202
     finally:
         one.close()
+
+
+class SlowClients:
+    """``count`` slow-loris sockets from ``source`` (a loopback address of their own, so the
+    per-client share applies to them, not to the test's own requests from 127.0.0.1): each
+    sends ``first``, then a byte of ``trickle`` per ``drip`` until the server hangs up."""
+
+    def __init__(self, port: int, source: str, count: int, first: bytes, trickle: bytes) -> None:
+        self.trickle, self.sent = trickle, 0
+        self.open: list[socket.socket] = []
+        self.replies: list[bytes] = []  # what each socket the server closed had received
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", port), 10, (source, 0))
+            sock.sendall(first)
+            sock.setblocking(False)
+            self.open.append(sock)
+
+    def drip(self) -> None:
+        """One byte to every open socket; those the server closed are moved to ``replies``."""
+        byte = bytes([self.trickle[self.sent % len(self.trickle)]])
+        self.sent += 1
+        for sock in list(self.open):
+            received = b""
+            try:
+                while chunk := sock.recv(65536):
+                    received += chunk
+                closed = True  # b"": the server hung up
+            except BlockingIOError:
+                closed = False
+            except OSError:
+                closed = True
+            if not closed:
+                try:
+                    sock.send(byte)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed = True
+            if closed:
+                self.open.remove(sock)
+                self.replies.append(received)
+                sock.close()
+
+    def close(self) -> None:
+        for sock in self.open:
+            sock.close()
+
+
+def _drip_until(clients: list[SlowClients], done: Any, limit_s: float = 60) -> None:
+    """Drip every 0.05 s until ``done()``; the limit only guards against a hang."""
+    deadline = time.monotonic() + limit_s
+    while not done():
+        assert time.monotonic() < deadline, "the slow clients were never dropped"
+        for c in clients:
+            c.drip()
+        time.sleep(0.05)
+
+
+SHARE = WebhookLimits(read_timeout_s=5.0, max_handlers=8, max_per_client=4, queue_wait_s=6)
+"""A deadline far above what a probe and an alert take, so none passes before they are
+answered, even on a loaded machine."""
+SLOW_HEADERS = b"POST /alerts HTTP/1.1\r\n"
+SLOW_BODY = request_bytes(headers=[AUTH, ("Content-Length", "4000")])
+
+
+def _unstarved(shapes: list[tuple[bool, int, bytes, bytes]]) -> None:
+    """Slow clients of the given shapes (on the ops listener?, sockets, first bytes,
+    trickle), each client from a loopback address of its own: each gets
+    ``min(sockets, max_per_client)`` handlers and a 503 for the rest; while those are open
+    (no deadline passed yet) a probe and a valid alert are answered; then every admitted one
+    is dropped at its deadline although it keeps sending, without a reply."""
+    hook = Webhook(SHARE).fresh()
+    clients = [
+        SlowClients(hook.ops_port if ops else hook.port, f"127.0.0.{i + 2}", n, first, trickle)
+        for i, (ops, n, first, trickle) in enumerate(shapes)
+    ]
+    share = [min(n, SHARE.max_per_client) for _, n, _, _ in shapes]
+    try:
+        _drip_until(clients, lambda: sum(len(c.open) for c in clients) <= sum(share))
+        assert [len(c.open) for c in clients] == share
+        assert hook.rejected("per_client") == sum(n for _, n, _, _ in shapes) - sum(share)
+        refusals = {r.split(b"\r\n")[0] for c in clients for r in c.replies}
+        assert refusals <= {b"HTTP/1.0 503 Service Unavailable"}
+        probe = exchange(hook.ops_port, b"GET /healthz HTTP/1.0\r\n\r\n")
+        alert = exchange(hook.port, request_bytes(firing()))
+        assert (probe, alert[0]) == ((200, b"ok\n"), 202)
+        # answered while the slow ones were held: none had reached its deadline yet
+        assert hook.rejected("timeout") == 0
+        assert hook.triggers.pending_reasons == ["alert FlexEvictionRateHigh"]
+        _drip_until(clients, lambda: not any(c.open for c in clients))
+        assert hook.rejected("timeout") == sum(share)  # dropped by the deadline
+        for c, admitted in zip(clients, share, strict=True):
+            assert c.replies[len(c.replies) - admitted :] == [b""] * admitted
+    finally:
+        for c in clients:
+            c.close()
+        hook.close()
+
+
+@pytest.mark.parametrize("first", [SLOW_HEADERS, SLOW_BODY], ids=["headers", "body"])
+def test_slow_clients_cannot_starve_the_probes_or_delay_an_alert(first: bytes) -> None:
+    """Forty slow-loris sockets on each listener, a header line dripped a byte at a time."""
+    _unstarved(
+        [
+            (False, 40, first, b"X-Slow: yes\r\n"),
+            (True, 40, b"GET /healthz HTTP/1.1\r\n", b"X: y\r\n"),
+        ]
+    )
+
+
+_NEVER_DONE = [
+    (SLOW_HEADERS, b"X-Slow: yes\r\n"),
+    (SLOW_HEADERS, b"x"),
+    (b"POST /al", b"x"),
+    (b"GET /healthz HTTP/1.1\r\nX: ", b"y"),
+]
+"""First bytes and trickles that never complete a request's headers within the deadline
+(under 100 header lines, no empty line): a server that answers one early has read a
+request, which is not what this tests."""
+_slow_client = st.one_of(
+    st.tuples(st.booleans(), st.integers(1, 50), *map(st.just, pair)) for pair in _NEVER_DONE
+) | st.tuples(st.just(False), st.integers(1, 50), st.just(SLOW_BODY), st.sampled_from([b" ", b"{"]))
+"""A slow client: listener (ops?), sockets, first bytes, trickle. A slow body only on the
+webhook's port (the ops listener answers a complete POST with 501 at once)."""
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@given(shapes=st.lists(_slow_client, min_size=1, max_size=2, unique_by=lambda c: c[0]))
+def test_no_slow_client_starves_the_probes_or_an_alert(
+    shapes: list[tuple[bool, int, bytes, bytes]],
+) -> None:
+    """A slow client on either listener or both, of any request shape, trickle and number
+    of sockets (one example takes the 5 s deadline: few examples, no shrinking). One client
+    per listener: two take all eight handlers of one (4 each), and then a probe waits for
+    the first deadline, as docs/design/webhook.md says."""
+    _unstarved(shapes)
+
+
+def test_each_listener_serves_only_its_own_paths(webhook: Webhook) -> None:
+    """The webhook port has no probe to starve, the ops port takes no alert."""
+    assert exchange(webhook.port, b"GET /healthz HTTP/1.0\r\n\r\n")[0] == 404
+    assert exchange(webhook.port, b"GET /metrics HTTP/1.0\r\n\r\n")[0] == 404
+    assert exchange(webhook.ops_port, request_bytes(firing()))[0] == 501
+    status, body = exchange(webhook.ops_port, b"GET /metrics HTTP/1.0\r\n\r\n")
+    assert status == 200 and b"gpupool_tuner_webhook_rejected_total" in body
+    assert webhook.triggers.pending_reasons == []
 
 
 _json = st.recursive(

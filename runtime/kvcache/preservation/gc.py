@@ -25,7 +25,15 @@ from policy import PoolPolicy
 from policy.base import duration_seconds
 from runtime.kvcache.preservation.retention import REASONS, Plan, plan
 from runtime.kvcache.preservation.status import TierStatus, read_status, replicas_dir
-from runtime.kvcache.preservation.volume import Applied, apply, mtime, scan
+from runtime.kvcache.preservation.volume import (
+    PASS_BUDGET_S,
+    Applied,
+    Budget,
+    apply,
+    mtime,
+    records,
+    scan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +47,8 @@ class GcSettings:
     capacity_bytes: int
     reclaim_after_s: float
     interval_s: float
+    pass_budget_s: float = PASS_BUDGET_S
+    """Longest a pass may walk the volume; what it did not reach waits for the next."""
 
 
 def settings_for(policy: PoolPolicy, capacity_bytes: int) -> GcSettings:
@@ -103,6 +113,17 @@ class SnapshotGc:
         self.errors = Counter(
             "gpupool_kv_tier_gc_errors", "Files the GC could not delete.", registry=registry
         )
+        self.passed_over = Gauge(
+            "gpupool_kv_tier_gc_passed_over_entries",
+            "Entries the last pass walked past: symlinks, FIFOs, devices, sockets, records over "
+            "64 KiB, folders it could not list (the GC's log names them).",
+            registry=registry,
+        )
+        self.complete = Gauge(
+            "gpupool_kv_tier_gc_complete",
+            "1 if the last pass walked the whole volume, 0 if it stopped at its time budget.",
+            registry=registry,
+        )
         self.last_pass = Gauge(
             "gpupool_kv_tier_gc_last_pass_timestamp_seconds",
             "Unix time of the last GC pass.",
@@ -126,20 +147,26 @@ class SnapshotGc:
         for outcome in ("written", "failed", "dropped"):
             self.flushed.labels(outcome)
         registry.register(_TierStatusCollector(self))
+        self.last_walk: Budget | None = None
+        """What the last pass's walk left out (None before the first)."""
 
     def run_once(self, settings: GcSettings, now: float | None = None) -> tuple[Plan, Applied]:
-        """One pass: scan, plan, delete, count exited replicas; metrics updated."""
+        """One pass: scan, plan, delete, count exited replicas; metrics updated. An entry
+        it cannot use (a FIFO, a symlink, an oversized record) is passed over and logged,
+        and the rest of the pass goes on: what is over capacity is still deleted."""
         start = time.monotonic()
         at = time.time() if now is None else now
-        found = scan(self.root)
+        budget = self.last_walk = Budget(settings.pass_budget_s)
+        found = scan(self.root, budget)
         decided = plan(
             found.files,
             found.heartbeats,
             now=at,
             capacity_bytes=settings.capacity_bytes,
             reclaim_after_s=settings.reclaim_after_s,
+            complete=found.complete,
         )
-        done = apply(self.root, decided)
+        done = apply(self.root, decided, budget)
         for reason, n in done.deleted_files.items():
             self.deleted_files.labels(reason).inc(n)
             self.deleted_bytes.labels(reason).inc(done.deleted_bytes[reason])
@@ -148,7 +175,11 @@ class SnapshotGc:
         self.errors.inc(len(done.errors))
         for error in done.errors:
             log.warning("snapshot GC: cannot delete %s", error)
-        self._count_exits(at, settings.reclaim_after_s)
+        self._count_exits(at, settings.reclaim_after_s, budget)
+        if (left_out := budget.report()) is not None:
+            log.warning("snapshot GC: %s", left_out)
+        self.passed_over.set(budget.skipped)
+        self.complete.set(0 if budget.expired else 1)
         self.used.set(decided.used_bytes - sum(done.deleted_bytes.values()))
         self.capacity.set(settings.capacity_bytes)
         live = len(decided.live_tiers)
@@ -167,20 +198,34 @@ class SnapshotGc:
 
     def own_status(self) -> TierStatus | None:
         """The record of this pod's running tier (its newest), if it has started."""
-        mine = sorted(replicas_dir(self.root).glob(f"{self.pod}.*.json"))
-        records = [r for r in map(read_status, mine) if r is not None]
-        return max(records, key=lambda r: r.started_at, default=None)
+        return self._own_newest(self._records(Budget()))
 
-    def _count_exits(self, now: float, reclaim_after_s: float) -> None:
+    def _records(self, budget: Budget) -> dict[Path, TierStatus | None]:
+        """Every file in the replicas' folder, each read once: its record, or None (counted
+        already, or not a record)."""
+        return {
+            path: None if path.name.endswith(COUNTED) else read_status(path, budget)
+            for path in records(replicas_dir(self.root), budget)
+        }
+
+    def _own_newest(self, found: dict[Path, TierStatus | None]) -> TierStatus | None:
+        mine = [
+            record
+            for path, record in found.items()
+            if record is not None and path.name.startswith(f"{self.pod}.")
+        ]
+        return max(mine, key=lambda r: r.started_at, default=None)
+
+    def _count_exits(self, now: float, reclaim_after_s: float, budget: Budget) -> None:
         """Count each exited replica's record once, then delete counted ones when old."""
-        current = self.own_status()
-        for path in sorted(replicas_dir(self.root).glob("*")):
+        found = self._records(budget)
+        current = self._own_newest(found)
+        for path, record in found.items():
             age = now - mtime(path)
             if path.name.endswith(COUNTED):
                 if age > reclaim_after_s:
                     path.unlink(missing_ok=True)
                 continue
-            record = read_status(path)
             if record is None or record == current:
                 continue
             if record.flush is None and age <= reclaim_after_s:

@@ -70,13 +70,17 @@ def plan(
     now: float,
     capacity_bytes: int,
     reclaim_after_s: float,
+    complete: bool = True,
 ) -> Plan:
     """The deletions that bring the tier within ``capacity_bytes``.
 
     ``heartbeats``: for every tier directory, the last time a replica showed it is alive
-    (its identity file's mtime; for a directory without one, its newest file)."""
+    (its identity file's mtime; for a directory without one, its newest file).
+    ``complete``: whether ``files`` is the whole volume. A partial scan (a walk stopped at
+    its budget) may not have reached a tier's identity file, so it reclaims nothing; its
+    capacity deletions stand, as what it saw is a lower bound of what is there."""
     live = frozenset(t for t, beat in heartbeats.items() if now - beat <= reclaim_after_s)
-    stale = frozenset(heartbeats) - live if live else frozenset()
+    stale = frozenset(heartbeats) - live if live and complete else frozenset()
     deletions: list[Deletion] = []
     kept: list[TierFile] = []
     for f in files:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from runtime.atomic_file import write_atomic
 from runtime.kvcache.preservation.identity import STATE_DIR
+from runtime.kvcache.preservation.volume import Budget, read_record
 
 POD_ENV = "POD_NAME"
 """The pod's name (downward API); the host name, which Kubernetes sets to it, otherwise."""
@@ -73,9 +74,13 @@ def write_status(path: Path, status: TierStatus) -> None:
     write_atomic(path, status.model_dump_json())
 
 
-def read_status(path: Path) -> TierStatus | None:
-    """The record at ``path``; None when there is none or it is not a record."""
+def read_status(path: Path, budget: Budget | None = None) -> TierStatus | None:
+    """The record at ``path``; None when there is none or it is not a record (anything but
+    a small regular file is not even opened: ``volume.read_record``)."""
+    data = read_record(path, budget or Budget())
+    if data is None:
+        return None
     try:
-        return TierStatus.model_validate(json.loads(path.read_text()))
-    except (OSError, ValueError, ValidationError):
+        return TierStatus.model_validate(json.loads(data))
+    except (ValueError, ValidationError):
         return None
