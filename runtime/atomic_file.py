@@ -209,9 +209,9 @@ def check_folder(
                 )
     entries = sorted(p.name for p in real.iterdir())
     if foreign is Foreign.REFUSE and entries and manifest not in entries:
-        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        listed = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
         raise OutputError(
-            f"{out}: holds files gpupool did not write ({shown}); name a new or empty folder"
+            f"{out}: holds files gpupool did not write ({listed}); name a new or empty folder"
         )
 
 
@@ -386,7 +386,9 @@ def _build(
         try:
             new.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _Labelled(f"{label / name}: cannot write: {exc.strerror}; nothing written") from None
+            raise _Labelled(
+                f"{label / name}: cannot write: {exc.strerror}; nothing written"
+            ) from None
         if _regular(old) is not None and old.read_bytes() == data:
             _carry(old, new, label=label / name)
             unchanged.append(name)
@@ -433,8 +435,7 @@ def _carry(src: Path, dst: Path, *, label: Path) -> None:
             os.link(src, dst, follow_symlinks=False)
     except OSError as exc:
         raise _Labelled(
-            f"{label}: cannot keep this file gpupool did not write: {exc.strerror}; "
-            "nothing written"
+            f"{label}: cannot keep this file gpupool did not write: {exc.strerror}; nothing written"
         ) from None
 
 
