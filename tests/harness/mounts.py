@@ -1,0 +1,39 @@
+"""Real mounts for tests: a small tmpfs (a filesystem that fills up, a mount point inside an
+output folder, a read-only folder that even root cannot write).
+
+Mounting needs CAP_SYS_ADMIN; without it the tests that need a mount skip and say so. Each
+mount is lazily unmounted when its test ends, so a failing test leaves no mount behind.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+@contextmanager
+def tmpfs(path: Path, *, size_kib: int = 1024, read_only: bool = False) -> Iterator[Path]:
+    """Mount a tmpfs of ``size_kib`` at ``path`` (created) for the body; skip without rights."""
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size_kib}k" + (",ro" if read_only else "")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "gpupool-test", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs CAP_SYS_ADMIN): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+def remount_read_only(path: Path) -> None:
+    """Make the tmpfs at ``path`` read-only (after filling it)."""
+    subprocess.run(["mount", "-o", "remount,ro", str(path)], capture_output=True, check=True)
