@@ -82,18 +82,33 @@ def check_outputs(files: Iterable[Path], inputs: Iterable[Path] = ()) -> None:
     sources = [(s, Path(os.path.realpath(s))) for s in inputs]
     seen: dict[Path, Path] = {}
     for out in outs:
+        _check_through_folders(out)
         path = Path(os.path.realpath(out))
         if path in seen:
             raise OutputError(f"{out}: named twice as an output (also {seen[path]})")
+        for other, first in seen.items():
+            if path.is_relative_to(other) or other.is_relative_to(path):
+                raise OutputError(f"{out}: overlaps the output {first}; name another path")
         seen[path] = out
         for source, src in sources:
             if path == src:
                 raise OutputError(f"{out}: is an input of this command; name another path")
             if src.is_relative_to(path):
                 raise OutputError(f"{out}: holds the input {source}; name another path")
-            if path.is_relative_to(src):
-                raise OutputError(f"{out}: is inside the input {source}; name another path")
         _check_folder_writable(out, path.parent)
+
+
+def _check_through_folders(out: Path) -> None:
+    """Each existing step of ``out`` as given must be a folder, and the step before a ``..``
+    must exist (``file/..`` and ``missing/..`` name no path, whatever ``realpath`` says)."""
+    parts = out.parts
+    step, rest = (Path(parts[0]), parts[1:]) if out.is_absolute() else (Path(), parts)
+    for part in rest:
+        if (part == ".." and not os.path.isdir(step)) or (
+            os.path.lexists(step) and not os.path.isdir(step)
+        ):
+            raise OutputError(f"{out}: {step} is not a folder")
+        step = step / part
 
 
 def _check_folder_writable(out: Path, folder: Path) -> None:

@@ -69,7 +69,7 @@ def test_new_files_get_the_umask_and_existing_ones_keep_their_mode(
         ("policy/pool.yaml", "is an input of this command"),
         ("policy", "holds the input"),
         (".", "holds the input"),
-        ("policy/pool.yaml/x", "is inside the input"),
+        ("policy/pool.yaml/x", "policy/pool.yaml is not a folder"),  # inside an input file
         ("link/pool.yaml", "is an input of this command"),  # through a symlink
         ("other/../policy/pool.yaml", "is an input of this command"),
     ],
@@ -86,7 +86,10 @@ def test_an_output_touching_an_input_is_refused_and_nothing_written(
     with pytest.raises(OutputError, match=message) as caught:
         if (tmp_path / output).is_dir():  # a render's or advise's folder
             write_folder(
-                tmp_path / output, {"a": b"x"}, manifest=MANIFEST, foreign=Foreign.KEEP,
+                tmp_path / output,
+                {"a": b"x"},
+                manifest=MANIFEST,
+                foreign=Foreign.KEEP,
                 inputs=[policy],
             )
         else:
@@ -98,6 +101,7 @@ def test_an_output_touching_an_input_is_refused_and_nothing_written(
 
 
 def test_two_outputs_at_one_path_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "x").mkdir()
     with pytest.raises(OutputError, match="named twice as an output"):
         check_outputs([tmp_path / "r.md", tmp_path / "x/../r.md"])
 
