@@ -7,6 +7,7 @@ mount is lazily unmounted when its test ends, so a failing test leaves no mount 
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +35,13 @@ def tmpfs(path: Path, *, size_kib: int = 1024, read_only: bool = False) -> Itera
         subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
-def remount_read_only(path: Path) -> None:
-    """Make the tmpfs at ``path`` read-only (after filling it)."""
-    subprocess.run(["mount", "-o", "remount,ro", str(path)], capture_output=True, check=True)
+def remount(path: Path, options: str) -> None:
+    """Change the tmpfs at ``path``: ``ro`` (after filling it), ``size=NNNk`` (to fill it)."""
+    command = ["mount", "-o", f"remount,{options}", str(path)]
+    subprocess.run(command, capture_output=True, check=True)
+
+
+def used_kib(path: Path) -> int:
+    """KiB the filesystem at ``path`` holds."""
+    found = os.statvfs(path)
+    return (found.f_blocks - found.f_bfree) * found.f_frsize // 1024

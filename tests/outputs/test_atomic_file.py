@@ -27,7 +27,7 @@ from runtime.atomic_file import (
     write_files,
     write_folder,
 )
-from tests.harness.mounts import remount_read_only, tmpfs
+from tests.harness.mounts import remount, tmpfs
 
 MANIFEST = ".test-manifest"
 
@@ -109,7 +109,7 @@ def test_two_outputs_at_one_path_are_refused(tmp_path: Path) -> None:
 def test_a_read_only_folder_is_refused_before_any_work(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "ro", size_kib=64) as folder:
         (folder / "report.md").write_text("old")
-        remount_read_only(folder)
+        remount(folder, "ro")
         with pytest.raises(OutputError) as caught:
             check_outputs([folder / "report.md", folder / "new/plot.png"])
         assert str(caught.value) == (
