@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from policy import DEFAULT_POLICY
+from policy import DEFAULT_POLICY, load_policy
 from runtime.atomic_file import STAGING
 from runtime.cli import whatif_commands
 from runtime.cli.app import app
@@ -173,3 +173,51 @@ def test_whatif_outputs_anywhere(
             assert (root / json_out).read_bytes().startswith(b"{")
             assert (root / markdown_out).read_text().startswith("## What-if")
             assert (root / plots / "gpus_held.png").read_bytes().startswith(b"\x89PNG")
+
+
+def _never(*_args: object, **_kwargs: object) -> None:
+    raise AssertionError("the long work started")
+
+
+@pytest.mark.parametrize("command", ["whatif", "advise", "production-trace"])
+def test_a_read_only_folder_is_refused_before_the_long_work(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay, the sweep and the Prometheus queries never start (they would fail)."""
+    from runtime.cli import advise_commands, trace_commands
+
+    monkeypatch.setattr(whatif_commands, "replay", _never)
+    monkeypatch.setattr(advise_commands, "run_sweep", _never)
+    monkeypatch.setattr(trace_commands, "connect", _never)
+    with tmpfs(tmp_path / "ro", size_kib=64, read_only=True) as folder:
+        args = {
+            "whatif": ["whatif", "--example", "--markdown", str(folder / "r.md")],
+            "advise": ["advise", "--example", "--out", str(folder / "advice")],
+            "production-trace": [
+                *("production-trace", "--example", "--prometheus", "http://127.0.0.1:9"),
+                *("--out", str(folder / "p.csv")),
+            ],
+        }[command]
+        done = runner.invoke(app, args)
+        assert done.exit_code == 1, done.output
+        last = done.output.strip().splitlines()[-1]
+        assert last.endswith(f"cannot write in {folder} (read-only filesystem); nothing written")
+        assert not any(folder.iterdir())
+
+
+def test_production_trace_never_overwrites_the_policy(
+    tmp_path: Path, template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.cli import trace_commands
+
+    monkeypatch.setattr(trace_commands, "connect", _never)
+    with _layout(template) as root:
+        before = _snapshot(root)
+        policy = root / "policy/pool.yaml"
+        model = root / "policy" / load_policy(policy).workloads[0].hf_config
+        for out in (policy, model):
+            args = ["production-trace", "--policy", str(policy), "--out", str(out)]
+            done = runner.invoke(app, [*args, "--prometheus", "http://127.0.0.1:9"])
+            assert done.exit_code == 1
+            assert done.output == f"error: {out}: is an input of this command; name another path\n"
+        assert _snapshot(root) == before
