@@ -1,7 +1,7 @@
 """Edge: every file gpupool writes, written so a reader, a crash, Ctrl-C or a full disk sees
 the old set of files or the new one, never a mix, and never loses a file it did not write.
 
-Everything is built in a hidden staging folder (``.gpupool-XXXX``) beside the outputs, on
+Everything is built in a hidden staging folder (``STAGING``) beside the outputs, on
 their filesystem, each file fsynced, then put in place by renames: one file by
 ``rename``, a folder by ``renameat2(RENAME_EXCHANGE)`` (two renames where the filesystem
 lacks it), several files by a commit record written first and one ``rename`` each. A
@@ -16,8 +16,9 @@ allowed), else 0666 less the umask. Folders: an existing one keeps its mode, a n
 ``mkdir``'s. Nothing is moved or removed across a mount point: an output folder that is or
 holds one is refused, and removing the retired tree never leaves its filesystem.
 
-``check_outputs`` refuses, before any long work, an output equal to, inside or holding an
-input, two outputs at one path, and an output whose folder cannot be written.
+``check_outputs`` refuses, before any long work, an output equal to or holding an input,
+outputs at one path or inside each other, a path through a file or a missing folder, and
+an output whose folder cannot be written. docs/design/outputs.md has the reasons.
 """
 
 from __future__ import annotations
@@ -324,7 +325,7 @@ def _staging(folders: list[Path], made: list[Path]) -> Iterator[_Stages]:
 
 
 def _line(exc: OSError) -> str:
-    """One line: the path, the system's reason; said before this module's own messages."""
+    """One line naming the path and the system's reason."""
     if isinstance(exc, _Labelled):
         return str(exc)
     return f"{exc.filename}: cannot write: {exc.strerror}; nothing written"
