@@ -201,7 +201,7 @@ def check_folder(
     check_outputs([out], inputs)
     if not out.exists():
         return
-    if not out.is_dir() or out.is_symlink():
+    if not out.is_dir():  # a symlink to a folder is followed: the folder it names is replaced
         raise OutputError(f"{out}: not a folder (this command writes a folder of files)")
     real = Path(os.path.realpath(out))
     if Path.cwd().resolve().is_relative_to(real):

@@ -248,3 +248,12 @@ def test_ctrl_c_before_the_commit_keeps_the_old_set(
         write_files({p: b"new" for p in files})
     assert {p: p.read_bytes() for p in files} == files
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["img", "p.png", "r.md"]
+
+
+def test_a_symlinked_output_folder_replaces_the_folder_it_names(tmp_path: Path) -> None:
+    real, link = tmp_path / "real", tmp_path / "build"
+    write_folder(real, {"a": b"old"}, manifest=MANIFEST, foreign=Foreign.KEEP)
+    link.symlink_to("real")
+    write_folder(link, {"a": b"new"}, manifest=MANIFEST, foreign=Foreign.KEEP)
+    assert link.is_symlink() and (real / "a").read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build", "real"]
