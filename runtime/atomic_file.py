@@ -155,7 +155,7 @@ def write_files(files: Mapping[Path, bytes], inputs: Iterable[Path] = ()) -> Non
             _fsync_dir(stage)
         if len(pairs) > 1:
             _write_record(stages.dirs[folders[0]], pairs)
-        stages.commit()
+        stages.commit(recorded=len(pairs) > 1)
         for staged, target in pairs:
             os.replace(staged, target)
         for folder in folders:
@@ -184,7 +184,7 @@ def write_folder(
         tree.mkdir()
         result = _build(tree, real, files, manifest=manifest, label=out)
         _fsync_dir(stages.dirs[real.parent])
-        stages.commit()  # a failed swap below leaves the old folder: still old or new
+        stages.commit(recorded=False)  # a failed swap leaves the old folder, the new is dropped
         if not real.exists():
             os.rename(tree, real)
         elif not exchange(tree, real):
@@ -279,19 +279,21 @@ class _Stages:
     dirs: dict[Path, Path]
     hold: ExitStack
     interrupted: Callable[[], bool] = lambda: False
-    committed: bool = False
+    recorded: bool = False
+    """A commit record is on disk: on a failure the staging folders stay to be finished."""
 
-    def commit(self) -> None:
+    def commit(self, *, recorded: bool) -> None:
         """From here on the set is new: SIGINT is noted, not raised, until the end."""
         self.interrupted = self.hold.enter_context(_held_interrupts())
-        self.committed = True
+        self.recorded = recorded
 
 
 @contextmanager
 def _staging(folders: list[Path], made: list[Path]) -> Iterator[_Stages]:
-    """A locked staging folder in each of ``folders``, removed on leaving. A failure before
-    the commit also removes the folders this write made (``made``, deepest first); after it,
-    the staging folders stay for the next run to finish. OSError -> OutputError."""
+    """A locked staging folder in each of ``folders``, removed on leaving. A failure also
+    removes the folders this write made (``made``, deepest first), unless a commit record
+    was written: then the staging folders stay for the next run to finish. OSError ->
+    OutputError."""
     token = secrets.token_hex(6)
     locks: list[int] = []
     with ExitStack() as hold:
@@ -307,12 +309,17 @@ def _staging(folders: list[Path], made: list[Path]) -> Iterator[_Stages]:
                     _create(stage / _LEADER, leader, like=None)
             yield stages
         except BaseException as exc:
-            if not stages.committed:
+            if not stages.recorded:
                 for stage in stages.dirs.values():
                     _remove_tree(stage)
                 for path in made:
                     with suppress(OSError):
                         path.rmdir()
+            if isinstance(exc, OSError) and stages.recorded:
+                raise OutputError(
+                    f"{exc.filename}: cannot write: {exc.strerror}; the new files wait beside "
+                    "it and the next write into that folder puts them in place"
+                ) from None
             if isinstance(exc, OSError):
                 raise OutputError(_line(exc)) from None
             raise
