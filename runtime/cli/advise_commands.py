@@ -15,9 +15,10 @@ from policy import load_policy
 from runtime.advise import folder, front, levers, recommended, report
 from runtime.advise.sweep import SweepError, run_sweep, sweep_options
 from runtime.cli.errors import UsageProblem, reported_errors
-from runtime.cli.policy_commands import ExampleOption
+from runtime.cli.policy_commands import ExampleOption, input_files
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.cli.whatif_commands import DOMAIN_ERRORS, ProdTraceOption, print_table
+from runtime.sim import options as replay_options
 from runtime.tuner.yamledit import YamlEditError
 
 console = Console(highlight=False)
@@ -79,10 +80,9 @@ def advise(
         file = resolve_policy_file(policy_file, example=example)
         policy = load_policy(file)
         try:
-            folder.check_folder(out)
             chosen = [levers.parse_vary(v) for v in vary or ()]
             variants = levers.grid(policy, chosen) if chosen else levers.default_variants(policy)
-        except (levers.LeverError, folder.FolderError) as exc:
+        except levers.LeverError as exc:
             raise UsageProblem(str(exc)) from None
         if len(variants) > max_variants:
             raise UsageProblem(
@@ -96,6 +96,11 @@ def advise(
             hours=hours,
             target=target,  # type: ignore[arg-type]
         )
+        inputs = input_files(file, policy) + replay_options.input_files(options)
+        try:
+            folder.check_folder(out, inputs)
+        except folder.FolderError as exc:
+            raise UsageProblem(str(exc)) from None
         workers = jobs or os.cpu_count() or 1
         with RichProgress(console=console, transient=True, disable=not console.is_terminal) as bar:
             task = bar.add_task(f"replaying {len(variants)} variants", total=len(variants))
@@ -132,7 +137,7 @@ def advise(
             except (recommended.RecommendedError, YamlEditError) as exc:
                 raise UsageProblem(str(exc)) from None
         try:
-            folder.write_folder(out, files)
+            folder.write_folder(out, files, inputs)
         except folder.FolderError as exc:
             raise UsageProblem(str(exc)) from None
     print_table(report.CONSOLE_COLUMNS, report.console_rows(report.table_rows(rated, pick)))

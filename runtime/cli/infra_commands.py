@@ -19,7 +19,7 @@ from infra.builders.serving import (
 from infra.builders.workload import HpaTolerance
 from infra.diff import diff_documents
 from infra.inputs import load_inputs
-from infra.output import OutputError, WriteResult, write_documents
+from infra.output import FolderResult, OutputError, write_documents
 from infra.pipeline import render_inputs, render_policy_file
 from infra.summary import summarize
 from runtime.cli import tables
@@ -28,6 +28,7 @@ from runtime.cli.policy_commands import (
     ExampleOption,
     PolicyFile,
     PolicyOption,
+    input_files,
     policy_file,
     print_warnings,
 )
@@ -82,7 +83,7 @@ def render(
         documents = render_inputs(
             inputs, target=target, hpa_tolerance=hpa_tolerance, serving=options
         ).documents
-        result = _write(out, documents)
+        result = _write(out, documents, input_files(path, inputs.policy))
     print_warnings(inputs)
     console.print(
         f"{out}: {len(documents)} files ({len(result.written)} written, "
@@ -146,7 +147,7 @@ def demo(
         rendered = render_inputs(inputs, target=target)
         objects = rendered.objects
         folder = out or Path(tempfile.mkdtemp(prefix="gpupool-demo-"))
-        _write(folder, rendered.documents)
+        _write(folder, rendered.documents, input_files(path, inputs.policy))
     print_warnings(inputs)
     for table in summarize(inputs.policy, objects):
         tables.print_table(console, table.columns, table.rows, title=table.title)
@@ -157,10 +158,10 @@ def demo(
     replay_demo(whatif_out, path)
 
 
-def _write(out: Path, documents: dict[str, str]) -> WriteResult:
+def _write(out: Path, documents: dict[str, str], inputs: list[Path]) -> FolderResult:
     """``write_documents``, its refusal reported as one line like every domain error."""
     try:
-        return write_documents(out, documents)
+        return write_documents(out, documents, inputs)
     except OutputError as exc:
         raise UsageProblem(str(exc)) from None
 

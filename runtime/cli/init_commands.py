@@ -4,8 +4,6 @@ questions on a terminal; validated as ``gpupool validate`` would, then the next 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +19,7 @@ from policy import PolicyError, PoolPolicy, Problem
 from policy.base import check_dns_label
 from policy.placeholders import placeholder_warnings
 from policy.production import unlabelled_production
+from runtime.atomic_file import OutputError, write_files
 from runtime.cli.errors import err_console, reported_errors
 from runtime.cli.policy_commands import LOCAL_POLICY
 from runtime.init.catalog import MODELS, find_gpu, find_model, gpu_names
@@ -417,13 +416,15 @@ def _write_checked(out: Path, answers: Answers) -> tuple[Written, BundleInputs]:
             for problem in exc.problems:
                 err_console.print(_relocated(problem, scratch, out / "policy"), markup=False)
             raise typer.Exit(1) from None
-        final = out / "policy"
-        (final / "models").mkdir(parents=True, exist_ok=True)
-        model_path = final / "models" / answers.model.file
-        shutil.copyfile(scratch / "models" / answers.model.file, model_path)
-        temp = final / f".pool.yaml.{os.getpid()}"
-        temp.write_text(written.text, encoding="utf-8")
-        temp.replace(final / "pool.yaml")
+    final = out / "policy"
+    files = {
+        final / "pool.yaml": written.text.encode("utf-8"),
+        final / "models" / answers.model.file: answers.model.config,
+    }
+    try:
+        write_files(files)
+    except OutputError as exc:
+        _refuse(str(exc))
     with reported_errors():  # what was written, read back as `gpupool validate` reads it
         inputs = load_inputs(final / "pool.yaml")
     return written, inputs

@@ -88,6 +88,11 @@ def print_warnings(inputs: BundleInputs) -> None:
         err_console.print(str(warning), markup=False)
 
 
+def input_files(path: Path, policy: PoolPolicy) -> list[Path]:
+    """The policy file and the model configs it names: no output may touch them."""
+    return [path, *(path.parent / w.hf_config for w in policy.workloads)]
+
+
 def validate(file: PolicyFile = None, example: ExampleOption = False) -> None:
     """Check a policy file and the model configs it names, exactly as ``render`` does; print
     every problem as FILE:LINE: field: message (warnings too, on stderr, exit 0)."""

@@ -12,9 +12,9 @@ from rich.console import Console
 from policy import load_policy
 from policy.base import duration_seconds
 from policy.tuner import TRACE_MAX_STEPS
-from runtime.atomic_file import write_atomic
+from runtime.atomic_file import OutputError, check_files, write_atomic
 from runtime.cli.errors import UsageProblem, reported_errors
-from runtime.cli.policy_commands import ExampleOption
+from runtime.cli.policy_commands import ExampleOption, input_files
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.sim.traces import TraceError, demand_csv
 from runtime.tuner.prometheus import TraceQueryError, connect, production_samples
@@ -62,7 +62,12 @@ def production_trace(
                 f"--window {window} at --step {step} is {span / every:,.0f} samples, over "
                 f"{MAX_SAMPLES:,}; take a longer --step"
             )
-        policy = load_policy(resolve_policy_file(policy_file, example=example))
+        file = resolve_policy_file(policy_file, example=example)
+        policy = load_policy(file)
+        try:
+            check_files([out], input_files(file, policy))
+        except OutputError as exc:
+            raise UsageProblem(str(exc)) from None
         stop = time.time() if end is None else end
         client = connect(prometheus)
         try:
@@ -70,7 +75,10 @@ def production_trace(
             text = demand_csv(samples, source=f"{prometheus} ({window} to {stop:.0f})")
         except (TraceQueryError, TraceError) as exc:
             raise UsageProblem(str(exc)) from None
-        write_atomic(out, text)
+        try:
+            write_atomic(out, text)
+        except OutputError as exc:
+            raise UsageProblem(str(exc)) from None
     console.print(f"{out}: {len(samples):,} samples every {step} over {window}", markup=False)
 
 

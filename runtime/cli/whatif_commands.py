@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -15,12 +15,13 @@ from rich.progress import Progress as RichProgress
 
 from infra.builders.workload import HPA_TOLERANCES
 from policy import load_policy
-from runtime.atomic_file import write_atomic
+from runtime import atomic_file
 from runtime.cli import tables
 from runtime.cli.errors import UsageProblem, reported_errors
-from runtime.cli.policy_commands import ExampleOption
+from runtime.cli.policy_commands import ExampleOption, input_files
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.sim import markdown, output
+from runtime.sim import options as replay_options
 from runtime.sim.gitrefs import RefError, policy_at
 from runtime.sim.options import DEMO, Options, build_whatif
 from runtime.sim.service_time import ServiceTimeError
@@ -140,17 +141,51 @@ def print_tuner(result: Result) -> None:
         console.print(f"why ({markdown.clock(p.proposed_at_s)}, {p.rule}): {p.why}", markup=False)
 
 
+def output_files(
+    *, json_out: Path | None, plots: Path | None, markdown_out: Path | None, prefixes: list[str]
+) -> list[Path]:
+    """Every file a run writes: the JSON, the markdown and each plot."""
+    named = [p for p in (json_out, markdown_out) if p is not None]
+    if plots is None:
+        return named
+    return named + [plots / f"{prefix}{name}" for prefix in prefixes for name in output.PLOTS]
+
+
+def check_outputs(outputs: list[Path], inputs: list[Path]) -> None:
+    """``atomic_file.check_files`` before the replay, its refusal as one line."""
+    try:
+        atomic_file.check_files(outputs, inputs)
+    except atomic_file.OutputError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+def write_set(files: dict[Path, bytes], inputs: Sequence[Path]) -> None:
+    """The run's files as one set (all old or all new), a failure as one line."""
+    try:
+        atomic_file.write_files(files, inputs)
+    except atomic_file.OutputError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
 def write_outputs(
-    result: Result, *, json_out: Path | None, plots: Path | None, markdown_out: Path | None
+    result: Result,
+    *,
+    json_out: Path | None,
+    plots: Path | None,
+    markdown_out: Path | None,
+    inputs: Sequence[Path] = (),
 ) -> list[str]:
-    written: list[Path] = []
+    """Write the JSON, plots and report as one set; return the plots' paths."""
+    files: dict[Path, bytes] = {}
     if plots is not None:
-        written = output.write_plots(plots, result)
+        files |= {plots / name: data for name, data in output.plots(result).items()}
+    written = list(files)
     if json_out is not None:
-        output.write_json(json_out, result)
+        files[json_out] = output.json_bytes(result)
     if markdown_out is not None:
         links = output.relative(written, markdown_out)
-        write_atomic(markdown_out, markdown.report(result, plots=links))
+        files[markdown_out] = markdown.report(result, plots=links).encode("utf-8")
+    write_set(files, inputs)
     return [str(p) for p in written]
 
 
@@ -277,8 +312,15 @@ def whatif(
             _compare(repo, policy_path, base, head, options, json_out, plots, markdown_out)
             return
         file = resolve_policy_file(policy_file, example=example)
+        inputs = input_files(file, load_policy(file)) + replay_options.input_files(options)
+        outs = output_files(
+            json_out=json_out, plots=plots, markdown_out=markdown_out, prefixes=[""]
+        )
+        check_outputs(outs, inputs)
         result = replay(file, options, str(file))
-        names = write_outputs(result, json_out=json_out, plots=plots, markdown_out=markdown_out)
+        names = write_outputs(
+            result, json_out=json_out, plots=plots, markdown_out=markdown_out, inputs=inputs
+        )
     print_summary(result, f"What-if: {file}, {result.pooled.hours:g} h")
     for name in names:
         console.print(f"plot: {name}", markup=False)
@@ -294,15 +336,24 @@ def _compare(
     plots: Path | None,
     markdown_out: Path | None,
 ) -> None:
+    inputs = replay_options.input_files(options)
+    check_outputs(
+        output_files(
+            json_out=json_out, plots=plots, markdown_out=markdown_out, prefixes=["head-", "base-"]
+        ),
+        inputs,
+    )
     with tempfile.TemporaryDirectory(prefix="gpupool-whatif-") as tmp:
         results = {}
         for name, ref in (("base", base), ("head", head)):
             file = policy_at(repo, ref, policy_path, Path(tmp) / name)
             results[name] = replay(file, options, f"{name} {ref}")
-    written: list[Path] = []
+    files: dict[Path, bytes] = {}
     if plots is not None:
-        written = output.write_plots(plots, results["head"], prefix="head-")
-        output.write_plots(plots, results["base"], prefix="base-")
+        for prefix in ("head-", "base-"):
+            images = output.plots(results[prefix[:-1]], prefix=prefix)
+            files |= {plots / name: data for name, data in images.items()}
+    written = [p for p in files if p.name.startswith("head-")]
     # named from the comment's folder, as the CI artifact holds them
     names = (
         [str(p) for p in written]
@@ -313,14 +364,11 @@ def _compare(
         results["base"], results["head"], base_ref=base, head_ref=head, plots=names
     )
     if json_out is not None:
-        write_atomic(
-            json_out,
-            json.dumps(
-                {k: output.as_json(v) for k, v in results.items()}, indent=1, sort_keys=True
-            ),
-        )
+        both = {k: output.as_json(v) for k, v in results.items()}
+        files[json_out] = json.dumps(both, indent=1, sort_keys=True).encode("utf-8")
     if markdown_out is not None:
-        write_atomic(markdown_out, text)
+        files[markdown_out] = text.encode("utf-8")
+    write_set(files, inputs)
     print_summary(results["base"], f"base {base}")
     print_summary(results["head"], f"head {head}")
 
@@ -344,13 +392,11 @@ def replay_demo(out: Path, policy_file: Path) -> None:
     """The demo's replay of ``policy_file`` on the bundled traces; report, plots and JSON
     under ``out``."""
     with reported_errors(), _domain_errors():
+        paths = {"json_out": out / "whatif.json", "plots": out, "markdown_out": out / "report.md"}
+        inputs = input_files(policy_file, load_policy(policy_file))
+        check_outputs(output_files(**paths, prefixes=[""]), inputs)
         result = replay(policy_file, DEMO, "the bundled traces")
-        names = write_outputs(
-            result,
-            json_out=out / "whatif.json",
-            plots=out,
-            markdown_out=out / "report.md",
-        )
+        names = write_outputs(result, **paths, inputs=inputs)
     print_summary(result, f"What-if on the bundled traces, {result.pooled.hours:g} h")
     console.print(f"{out}: report.md, whatif.json, {len(names)} plots", markup=False)
 

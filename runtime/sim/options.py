@@ -50,6 +50,18 @@ class Options:
     """From a proposal to its merge, a duration (``30m``); None: one tuner interval."""
 
 
+def input_files(options: Options) -> list[Path]:
+    """The files the options name (traces, the tuner's settings): no output may touch them."""
+    found = [] if options.prod_trace in (None, "diurnal") else [options.prod_trace]
+    for spec in (*options.flex_traces, *options.backlogs):
+        _workload, path, _class = _split(spec, "")
+        if path not in ("azure-code", "mooncake"):
+            found.append(path)
+    if options.tuner_settings is not None:
+        found.append(options.tuner_settings)
+    return [Path(p) for p in found if p is not None]
+
+
 def _tuner(options: Options) -> TunerConfig | None:
     """The tuner's settings and review delay, read and checked before anything runs."""
     if not options.tuner:

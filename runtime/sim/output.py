@@ -1,10 +1,11 @@
-"""Edge: a what-if result on disk: JSON, markdown and PNG plots, each written atomically."""
+"""A what-if result as files: JSON and PNG plots (bytes; ``runtime.atomic_file`` writes them
+with the markdown report as one set)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -12,7 +13,6 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from runtime.atomic_file import write_atomic
 from runtime.sim.engine import Replay
 from runtime.sim.report import Summary
 from runtime.sim.whatif import Result
@@ -85,14 +85,14 @@ def relative(paths: Sequence[Path], report: Path) -> list[str]:
     return [Path(os.path.relpath(p.resolve(), folder)).as_posix() for p in paths]
 
 
-def write_json(path: Path, result: Result) -> None:
-    write_atomic(path, json.dumps(as_json(result), indent=1, sort_keys=True) + "\n")
+def json_bytes(result: Result) -> bytes:
+    return (json.dumps(as_json(result), indent=1, sort_keys=True) + "\n").encode("utf-8")
 
 
-def write_plots(folder: Path, result: Result, *, prefix: str = "") -> list[Path]:
-    """``PLOTS`` as PNG files in ``folder``: GPUs held over time (production, flex per pool,
-    reserve, idle) and the cluster duty cycle pooled vs fixed first, then GPUs held with
-    production's need, utilization per pool and evictions."""
+def plots(result: Result, *, prefix: str = "") -> dict[str, bytes]:
+    """``PLOTS`` as PNG images (``prefix`` + name -> bytes): GPUs held over time (production,
+    flex per pool, reserve, idle) and the cluster duty cycle pooled vs fixed first, then GPUs
+    held with production's need, utilization per pool and evictions."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,20 +101,15 @@ def write_plots(folder: Path, result: Result, *, prefix: str = "") -> list[Path]
     pooled, fixed = result.replays
     s = pooled.series
     hours = np.asarray(s.t) / 3600
-    folder.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+    images: dict[str, bytes] = {}
 
     def save(fig: object, name: str) -> None:
-        path = folder / f"{prefix}{name}"
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".png")
-        os.close(fd)
+        buffer = io.BytesIO()
         try:
-            fig.savefig(tmp, dpi=110)  # type: ignore[attr-defined]
-            os.replace(tmp, path)
+            fig.savefig(buffer, format="png", dpi=110)  # type: ignore[attr-defined]
         finally:
-            Path(tmp).unlink(missing_ok=True)
             plt.close(fig)  # type: ignore[arg-type]
-        written.append(path)
+        images[f"{prefix}{name}"] = buffer.getvalue()
 
     fig, ax = plt.subplots(figsize=(9, 4))
     bands, labels, colors = _held_bands(result)
@@ -185,7 +180,7 @@ def write_plots(folder: Path, result: Result, *, prefix: str = "") -> list[Path]
         f"{p.kv_tier.evicted_replicas:,} of them running; max {p.evictions_per_minute_max:.2f}/min",
     )
     save(fig, PLOTS[4])
-    return written
+    return images
 
 
 def _held_bands(

@@ -148,7 +148,7 @@ def test_a_folder_holding_other_files_is_refused_before_the_sweep(
     (out / "notes.txt").write_text("mine")
     code, output = _advise(inputs, out, *SWEEP)
     assert code != 0
-    assert "holds files advise did not write (notes.txt)" in " ".join(output.split())
+    assert "holds files gpupool did not write (notes.txt)" in " ".join(output.split())
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 

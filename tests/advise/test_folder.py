@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from runtime import atomic_file
 from runtime.advise.folder import MARKER, FolderError, check_folder, write_folder
 
 FILES = {"advise.md": b"# a\n", "models/m.json": b"{}", "pareto.png": b"\x89PNG"}
 
 
 def _interrupt_on_second_write(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = Path.write_bytes
+    real = atomic_file._create
     calls: list[Path] = []
 
-    def write_bytes(self: Path, data: bytes) -> int:  # type: ignore[override]
-        calls.append(self)
+    def create(path: Path, data: bytes, **kwargs: Any) -> None:
+        calls.append(path)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(self, data)
+        real(path, data, **kwargs)
 
-    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    monkeypatch.setattr(atomic_file, "_create", create)
 
 
 def test_a_new_folder_holds_the_files_and_the_marker(tmp_path: Path) -> None:
@@ -58,7 +60,7 @@ def test_an_interrupted_rewrite_keeps_the_earlier_output(
     [
         (
             lambda out: (out.mkdir(), (out / "mine.txt").write_text("x")),
-            "holds files advise did not write (mine.txt)",
+            "holds files gpupool did not write (mine.txt)",
         ),
         (lambda out: out.write_text("x"), "not a folder"),
     ],

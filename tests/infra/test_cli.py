@@ -264,7 +264,7 @@ def test_render_out_naming_a_file_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["render", str(DEFAULT_POLICY), "--out", str(target)])
     assert result.exit_code == 1
     assert result.output == (
-        f"error: {target}: not a directory (a render is a folder of YAML files)\n"
+        f"error: {target}: not a folder (this command writes a folder of files)\n"
     )
     assert target.read_text() == "mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["build"]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.output import MANIFEST, OutputError, exchange, replace_by_renames, write_documents
+from infra.output import MANIFEST, OutputError, write_documents
+from runtime.atomic_file import exchange, replace_by_renames
 
 OLD = {"kustomization.yaml": "resources: []\n", "ns/a.yaml": "a: 1\n", "ns/b.yaml": "b: 1\n"}
 NEW = {"kustomization.yaml": "resources: []\n", "ns/a.yaml": "a: 2\n", "other/c.yaml": "c: 1\n"}
@@ -143,7 +144,7 @@ def test_out_naming_a_file_is_one_line_and_touches_nothing(tmp_path: Path) -> No
     target.write_text("keep\n")
     with pytest.raises(OutputError) as caught:
         write_documents(target, NEW)
-    assert str(caught.value) == f"{target}: not a directory (a render is a folder of YAML files)"
+    assert str(caught.value) == f"{target}: not a folder (this command writes a folder of files)"
     assert target.read_text() == "keep\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["build"]
 

@@ -280,7 +280,7 @@ def test_the_report_opens_with_the_headline_and_scores_every_goal(doubled: Resul
 
 def test_the_json_carries_the_keys_scripts_read(doubled: Result, tmp_path: Path) -> None:
     path = tmp_path / "r.json"
-    output.write_json(path, doubled)
+    path.write_bytes(output.json_bytes(doubled))
     data = json.loads(path.read_text())
     assert data["useful_gpu_h_ratio"] == pytest.approx(2.0)
     assert data["fixed_duty_cycle"] == pytest.approx(0.5)
