@@ -7,7 +7,10 @@ how to install it, never a silent skip.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,6 +22,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL = REPO / "tests" / "fixtures" / "tiny-llama"
@@ -212,3 +216,68 @@ def start_vllm_server(
             **(env or {}),
         },
     )
+
+
+_RECORDED = re.compile(r"gpupool:[a-zA-Z0-9_:]+")
+
+
+def backfill_rules(
+    groups: list[dict[str, Any]], start: int, end: int, workdir: Path, data_dir: Path
+) -> None:
+    """Record ``groups``' recording rules from ``start`` to ``end`` (Unix seconds) into
+    ``data_dir``, which holds the exporter series they read.
+
+    ``promtool tsdb create-blocks-from rules`` evaluates each rule against a Prometheus
+    serving ``data_dir``, never against the other rules' output of the same pass: a rule
+    that reads a recorded series waits for a later pass. So one pass per level, each level
+    the rules whose recorded inputs earlier passes wrote, every pass from the same file path
+    and group names (the same evaluation instants); each pass's blocks are moved into
+    ``data_dir`` under their own names (Prometheus ignores a renamed block directory)."""
+    rules = [(g, r) for g in groups for r in g["rules"] if "record" in r]
+    recorded = {r["record"] for _, r in rules}
+    done: set[str] = set()
+    workdir.mkdir(parents=True, exist_ok=True)
+    rule_file = workdir / "rules.yaml"
+    for level in itertools.count():
+        ready = [
+            (g, r)
+            for g, r in rules
+            if r["record"] not in done and set(_RECORDED.findall(r["expr"])) & recorded <= done
+        ]
+        if not ready:
+            assert done == recorded, f"rules that read each other: {recorded - done}"
+            return
+        names = list(dict.fromkeys(g["name"] for g, _ in ready))
+        level_groups = [
+            {
+                **next(g for g, _ in ready if g["name"] == name),
+                "rules": [r for g, r in ready if g["name"] == name],
+            }
+            for name in names
+        ]
+        rule_file.write_text(json.dumps({"groups": level_groups}))
+        out = workdir / f"blocks-{level}"
+        server = start_prometheus(json.dumps({"global": {}}), workdir / "prom", data_dir=data_dir)
+        try:
+            result = subprocess.run(
+                [
+                    require_binary("promtool"),
+                    "tsdb",
+                    "create-blocks-from",
+                    "rules",
+                    f"--start={start}",
+                    f"--end={end}",
+                    f"--url={server.url}",
+                    f"--output-dir={out}",
+                    str(rule_file),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        finally:
+            server.stop()
+        assert result.returncode == 0, result.stdout + result.stderr
+        for block in out.iterdir():
+            os.replace(block, data_dir / block.name)
+        done |= {r["record"] for _, r in ready}
