@@ -282,7 +282,7 @@ def backfilled(
     data = workdir / "data"
     backfill(openmetrics(), workdir, data)
     budget = recording.budget_groups(test_policy, c.build_catalogue(test_policy))
-    backfill_rules(budget, T0, T0 + END_S, workdir / "rules", data)
+    backfill_rules(budget, T0, T0 + END_S, workdir / "rules", data, interval_s=2 * STEP_S)
     server = start_prometheus(json.dumps({"global": {}}), workdir / "prom", data_dir=data)
     yield server
     server.stop()

@@ -101,8 +101,11 @@ def start(
     raise RuntimeError(f"{argv[0]} not ready after {timeout_s} s:\n{server.log_tail()}")
 
 
-def start_prometheus(config: str, workdir: Path, *, data_dir: Path | None = None) -> Server:
-    """Prometheus with ``config`` (YAML text); rule files are paths inside ``config``."""
+def start_prometheus(
+    config: str, workdir: Path, *, data_dir: Path | None = None, lookback_s: int | None = None
+) -> Server:
+    """Prometheus with ``config`` (YAML text); rule files are paths inside ``config``.
+    ``lookback_s``: how far back an instant selector looks (default 5 minutes)."""
     binary = require_binary("prometheus")
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "prometheus.yml"
@@ -118,6 +121,7 @@ def start_prometheus(config: str, workdir: Path, *, data_dir: Path | None = None
             "--web.enable-admin-api",
             "--storage.tsdb.retention.time=100y",
             "--log.level=warn",
+            *([f"--query.lookback-delta={lookback_s}s"] if lookback_s else []),
         ],
         url=f"http://127.0.0.1:{port}",
         ready_path="/-/ready",
@@ -222,22 +226,31 @@ _RECORDED = re.compile(r"gpupool:[a-zA-Z0-9_:]+")
 
 
 def backfill_rules(
-    groups: list[dict[str, Any]], start: int, end: int, workdir: Path, data_dir: Path
+    groups: list[dict[str, Any]],
+    start: int,
+    end: int,
+    workdir: Path,
+    data_dir: Path,
+    *,
+    interval_s: int,
 ) -> None:
-    """Record ``groups``' recording rules from ``start`` to ``end`` (Unix seconds) into
-    ``data_dir``, which holds the exporter series they read.
+    """Record ``groups``' recording rules every ``interval_s`` from ``start`` to ``end``
+    (Unix seconds) into ``data_dir``, which holds the exporter series they read (each seen
+    within ``interval_s - 1`` seconds of every instant it is meant to count at).
 
     ``promtool tsdb create-blocks-from rules`` evaluates each rule against a Prometheus
     serving ``data_dir``, never against the other rules' output of the same pass: a rule
     that reads a recorded series waits for a later pass. So one pass per level, each level
-    the rules whose recorded inputs earlier passes wrote, every pass from the same file path
-    and group names (the same evaluation instants); each pass's blocks are moved into
-    ``data_dir`` under their own names (Prometheus ignores a renamed block directory)."""
+    the rules whose recorded inputs earlier passes wrote, every pass from the same file
+    name and group names (the same evaluation instants). Backfilled series have no
+    staleness markers, so that Prometheus looks back ``interval_s - 1`` seconds only: a
+    rule reads the results of the same evaluation, never a series that vanished since (as
+    in a running Prometheus). Each pass's blocks are moved into ``data_dir`` under their own
+    names (Prometheus ignores a renamed block directory)."""
     rules = [(g, r) for g in groups for r in g["rules"] if "record" in r]
     recorded = {r["record"] for _, r in rules}
     done: set[str] = set()
     workdir.mkdir(parents=True, exist_ok=True)
-    rule_file = workdir / "rules.yaml"
     for level in itertools.count():
         ready = [
             (g, r)
@@ -250,14 +263,20 @@ def backfill_rules(
         names = list(dict.fromkeys(g["name"] for g, _ in ready))
         level_groups = [
             {
-                **next(g for g, _ in ready if g["name"] == name),
+                "name": name,
+                "interval": f"{interval_s}s",
                 "rules": [r for g, r in ready if g["name"] == name],
             }
             for name in names
         ]
-        rule_file.write_text(json.dumps({"groups": level_groups}))
+        (workdir / "rules.yaml").write_text(json.dumps({"groups": level_groups}))
         out = workdir / f"blocks-{level}"
-        server = start_prometheus(json.dumps({"global": {}}), workdir / "prom", data_dir=data_dir)
+        server = start_prometheus(
+            json.dumps({"global": {}}),
+            workdir / "prom",
+            data_dir=data_dir,
+            lookback_s=interval_s - 1,
+        )
         try:
             result = subprocess.run(
                 [
@@ -269,8 +288,9 @@ def backfill_rules(
                     f"--end={end}",
                     f"--url={server.url}",
                     f"--output-dir={out}",
-                    str(rule_file),
+                    "rules.yaml",
                 ],
+                cwd=workdir,
                 capture_output=True,
                 text=True,
                 check=False,
