@@ -582,7 +582,9 @@ class _Builder:
             return f"(ceil(-{self.ref(SPARE_GPUS)} / {self.sharing(w) * g}) * {g})"
 
         step = self.ref(FLEX_HPA_STEP_GPUS)
-        return f"(({self.per_workload(share)}) >= {step}) or {step}"
+        # 0 + drops the step's series name: over a range (a backfill) the two branches of
+        # one workload are then one series, as they are at every instant
+        return f"(({self.per_workload(share)}) >= {step}) or (0 + {step})"
 
     def grow(self, workload: FlexWorkload) -> str:
         """GPUs ``workload`` may grow by: the smallest of the placeable GPUs of its pools (its
