@@ -233,6 +233,8 @@ def backfill_rules(
     data_dir: Path,
     *,
     interval_s: int,
+    lookback_s: int | None = None,
+    only: set[str] | None = None,
 ) -> None:
     """Record ``groups``' recording rules every ``interval_s`` from ``start`` to ``end``
     (Unix seconds) into ``data_dir``, which holds the exporter series they read (each seen
@@ -245,9 +247,17 @@ def backfill_rules(
     name and group names (the same evaluation instants). Backfilled series have no
     staleness markers, so that Prometheus looks back ``interval_s - 1`` seconds only: a
     rule reads the results of the same evaluation, never a series that vanished since (as
-    in a running Prometheus). Each pass's blocks are moved into ``data_dir`` under their own
-    names (Prometheus ignores a renamed block directory)."""
+    in a running Prometheus; ``lookback_s`` widens that where exporter series are sampled
+    no denser than the rules run and none vanishes mid-history). Each pass's blocks are
+    moved into ``data_dir`` under their own names (Prometheus ignores a renamed block
+    directory). ``only``: record these series and the ones they read, no others."""
     rules = [(g, r) for g in groups for r in g["rules"] if "record" in r]
+    if only is not None:
+        reads = {r["record"]: set(_RECORDED.findall(r["expr"])) for _, r in rules}
+        wanted = set(only)
+        while grown := set().union(*(reads[w] for w in wanted)) - wanted:
+            wanted |= grown
+        rules = [(g, r) for g, r in rules if r["record"] in wanted]
     recorded = {r["record"] for _, r in rules}
     done: set[str] = set()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -275,7 +285,7 @@ def backfill_rules(
             json.dumps({"global": {}}),
             workdir / "prom",
             data_dir=data_dir,
-            lookback_s=interval_s - 1,
+            lookback_s=interval_s - 1 if lookback_s is None else lookback_s,
         )
         try:
             result = subprocess.run(
