@@ -2,9 +2,12 @@
 
 Every entry becomes a ``gpupool:...`` recording rule; alerts, the flex HPA (through
 prometheus-adapter), the tuner and the dashboard read the recorded series, so a threshold or
-label name changes in one place: the policy. Each ``expr`` is standalone (it reads only raw
-exporter series, never another recorded series), so the tuner can also run it on backfilled
-data that no rule ever evaluated: ``build_catalogue(policy).query(KV_CACHE_HIT_RATE)``.
+label name changes in one place: the policy. The flex budget is a chain of such rules, one
+per term (``TERMS``, in evaluation order), each reading the terms before it, so a policy
+change rewrites the one term that reads it; every other ``expr`` reads raw exporter series
+only. ``query()`` is standalone either way (the chain's recorded series inlined), so the
+tuner can run it on backfilled data that no rule ever evaluated:
+``build_catalogue(policy).query(KV_CACHE_HIT_RATE)``.
 
 Sources of the series names: dcgm-exporter (NVIDIA/dcgm-exporter, its default counters in
 ``default-counters.csv``: GPU utilization with the pod holding each GPU, framebuffer),
@@ -13,7 +16,7 @@ phases, GPU requests, priority classes, deletion marks and disruption reasons, d
 replicas), vLLM's own ``/metrics`` (vllm-project/vllm 0.32) and, with
 ``kv_cache.kv_preservation: filesystem``, the snapshot GC sidecar of each flex pod
 (``gpupool_kv_tier_*``, runtime/kvcache/preservation/gc.py; absent otherwise, so its queries
-record nothing there). The flex budget (``_Builder.budget``) is
+record nothing there). The flex budget (``_Builder.chain``) is
 mirrored in Python by ``runtime.sim.budget`` for the what-if engine; change both together.
 Flex evictions come from ``runtime.metrics.evictions`` (``kube_pod_status_reason`` and, on
 kube-state-metrics >= 2.20, ``kube_pod_status_disruption_reason``; docs/alerts.md says what
