@@ -167,19 +167,6 @@ TERMS: dict[str, Term] = {
 }
 """The flex budget's terms (``_Builder.chain`` builds them in this order)."""
 
-RAW_TERMS = frozenset(
-    {
-        NODE_UNALLOCATED_GPUS,
-        SCHEDULABLE_GPUS,
-        PRODUCTION_PENDING_GPUS,
-        FLEX_PENDING_GPUS,
-        PRODUCTION_BUSY_GPUS,
-        FLEX_HELD_GPUS,
-        FLEX_HPA_STEP_GPUS,
-    }
-)
-"""Terms that read exporter series only: their ``expr`` is already standalone."""
-
 
 @dataclass(frozen=True)
 class Query:
@@ -647,18 +634,13 @@ class _Builder:
     def budget_terms(self) -> list[Query]:
         """The budget's chain, each term after the terms it reads (one rule group evaluates
         them in this order, so each reads the others' results of the same evaluation)."""
-        standalone = _Builder(self.policy, inline=True).chain()
-        return [
-            Query(
-                record,
-                build(),
-                TERMS[record].help,
-                TERMS[record].unit,
-                TERMS[record].knobs,
-                standalone[record]() if record not in RAW_TERMS else None,
-            )
-            for record, build in self.chain().items()
-        ]
+        inlined = _Builder(self.policy, inline=True).chain()
+        queries = []
+        for record, build in self.chain().items():
+            expr, standalone, term = build(), inlined[record](), TERMS[record]
+            alone = None if standalone == expr else standalone
+            queries.append(Query(record, expr, term.help, term.unit, term.knobs, alone))
+        return queries
 
     def catalogue(self) -> Catalogue:
         p, w, by = self.policy, self.window, self.by_instance
