@@ -22,6 +22,7 @@ from runtime.metrics.catalogue import Catalogue, build_catalogue
 Concern = Callable[[PoolPolicy, Catalogue], list[Group]]
 
 CONCERNS: dict[str, Concern] = {
+    "budget": recording.budget_groups,
     "catalogue": recording.groups,
     "gpu": gpu.groups,
     "kv_cache": kv_cache.groups,

@@ -4,7 +4,7 @@
   found no node, preemption included) while flex pods run. A Pending pod that is already
   bound (pulling its image, running init containers) is not a capacity problem and never
   counts (``gpupool:prod_pods_pending``, kube-state-metrics' ``kube_pod_status_unschedulable``).
-- FlexNotGrowing: per flex workload, the budget's grow condition holds (production's GPU
+- FlexNotGrowing: per flex workload, the budget takes its grow step (production's GPU
   utilization below ``elastic.grow_while_production_below``), its flex pool has headroom
   for one replica of every workload sharing it, and its HPA is below ``maxReplicas``, for
   ``for``: the budget -> adapter -> HPA chain is broken. Not a tuner trigger: the tuner's only
@@ -18,6 +18,7 @@ from alerts.rules import Group, alert, group
 from policy.pool import PoolPolicy
 from runtime.metrics.catalogue import (
     BUDGET_LABEL,
+    FLEX_BUDGET_STEP,
     FLEX_GPU_BUDGET,
     FLEX_HEADROOM_GPUS,
     FLEX_HPA_AT_MAX,
@@ -26,27 +27,27 @@ from runtime.metrics.catalogue import (
     PROD_PODS_PENDING,
     PRODUCTION_GPU_UTILIZATION,
     Catalogue,
-    num,
 )
 
 GROW_SIGNAL = PRODUCTION_GPU_UTILIZATION
 """The recorded series the flex budget compares with ``elastic.grow_while_production_below``
-(``_Builder.budget`` in the catalogue); FlexNotGrowing must read the same one, or it fires
-while the budget holds by design."""
+(``_Builder.budget_step`` in the catalogue); FlexNotGrowing shows its value."""
+GROWING = f'{FLEX_BUDGET_STEP}{{step="grow"}}'
+"""The budget's grow step: FlexNotGrowing reads the budget's own decision, so it never fires
+while the budget holds or sheds by design, and the threshold lives in one rule."""
 
 
 def flex_not_growing_expr(policy: PoolPolicy) -> str:
-    """One clause per workload: its HPA below max (value 0) plus the grow signal (value),
-    where its pool's headroom fits a replica of each workload sharing the pool; labelled
-    ``pool``. Empty without workloads (nothing could grow)."""
-    low = num(policy.elastic.grow_while_production_below)
+    """One clause per workload: its HPA below max (value 0) plus the grow signal (value)
+    while the budget's step is grow, where its pool's headroom fits a replica of each
+    workload sharing the pool; labelled ``pool``. Empty without workloads (nothing could grow)."""
     clauses = []
     for w in policy.workloads:
         sharing = sum(1 for other in policy.workloads if other.pool == w.pool)
         need = sharing * w.gpus_per_replica
         clauses.append(
             f'label_replace(({FLEX_HPA_AT_MAX}{{{BUDGET_LABEL}="{w.name}"}} == 0)'
-            f" + on () group_left () ({GROW_SIGNAL} < {low})"
+            f" + on () group_left () ({GROW_SIGNAL} and on () {GROWING})"
             f' and on () ({FLEX_HEADROOM_GPUS}{{pool="{w.pool}"}} >= {need}),'
             f' "pool", "{w.pool}", "", "")'
         )

@@ -17,15 +17,18 @@ from pathlib import Path
 from alerts.adapter import adapter_config
 from alerts.bundle import rule_files
 from alerts.dashboard import dashboard
+from alerts.recording import with_help
 from alerts.routing import alertmanager_config
 from infra.yaml_text import to_yaml
 from policy.pool import PoolPolicy
+from runtime.metrics.catalogue import build_catalogue
 
 
 def bundle_files(policy: PoolPolicy) -> dict[str, str]:
     """Relative path -> file text of everything ``render`` writes."""
+    catalogue = build_catalogue(policy)
     files = {
-        f"rules/{stem}.yaml": to_yaml({"groups": groups}, sort_keys=False)
+        f"rules/{stem}.yaml": with_help(to_yaml({"groups": groups}, sort_keys=False), catalogue)
         for stem, groups in rule_files(policy).items()
     }
     files["alertmanager.yml"] = to_yaml(alertmanager_config(policy), sort_keys=False)

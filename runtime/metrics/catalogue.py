@@ -2,9 +2,12 @@
 
 Every entry becomes a ``gpupool:...`` recording rule; alerts, the flex HPA (through
 prometheus-adapter), the tuner and the dashboard read the recorded series, so a threshold or
-label name changes in one place: the policy. Each ``expr`` is standalone (it reads only raw
-exporter series, never another recorded series), so the tuner can also run it on backfilled
-data that no rule ever evaluated: ``build_catalogue(policy).query(KV_CACHE_HIT_RATE)``.
+label name changes in one place: the policy. The flex budget is a chain of such rules, one
+per term (``TERMS``, in evaluation order), each reading the terms before it, so a policy
+change rewrites the one term that reads it; every other ``expr`` reads raw exporter series
+only. ``query()`` is standalone either way (the chain's recorded series inlined), so the
+tuner can run it on backfilled data that no rule ever evaluated:
+``build_catalogue(policy).query(KV_CACHE_HIT_RATE)``.
 
 Sources of the series names: dcgm-exporter (NVIDIA/dcgm-exporter, its default counters in
 ``default-counters.csv``: GPU utilization with the pod holding each GPU, framebuffer),
@@ -13,7 +16,7 @@ phases, GPU requests, priority classes, deletion marks and disruption reasons, d
 replicas), vLLM's own ``/metrics`` (vllm-project/vllm 0.32) and, with
 ``kv_cache.kv_preservation: filesystem``, the snapshot GC sidecar of each flex pod
 (``gpupool_kv_tier_*``, runtime/kvcache/preservation/gc.py; absent otherwise, so its queries
-record nothing there). The flex budget (``_Builder.budget``) is
+record nothing there). The flex budget (``_Builder.chain``) is
 mirrored in Python by ``runtime.sim.budget`` for the what-if engine; change both together.
 Flex evictions come from ``runtime.metrics.evictions`` (``kube_pod_status_reason`` and, on
 kube-state-metrics >= 2.20, ``kube_pod_status_disruption_reason``; docs/alerts.md says what
@@ -23,7 +26,7 @@ each version sees).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +58,16 @@ VLLM_START_TIME = "gpupool:vllm_start_time:seconds"
 PROMPT_TOKENS_FROM_TIER = "gpupool:prompt_tokens_from_tier:ratio"
 KV_TIER_DELETIONS = "gpupool:kv_tier_deletions:per_minute"
 KV_TIER_FILL = "gpupool:kv_tier_fill:ratio"
+NODE_UNALLOCATED_GPUS = "gpupool:node_unallocated_gpus"
+SCHEDULABLE_GPUS = "gpupool:schedulable_gpus"
+RESERVED_GPUS = "gpupool:reserved_gpus"
+PRODUCTION_PENDING_GPUS = "gpupool:production_pending_gpus"
+FLEX_PENDING_GPUS = "gpupool:flex_pending_gpus"
+FLEX_HELD_GPUS = "gpupool:flex_held_gpus"
+FLEX_HPA_STEP_GPUS = "gpupool:flex_hpa_step_gpus"
+FLEX_BUDGET_STEP = "gpupool:flex_budget_step"
+FLEX_SHED_GPUS = "gpupool:flex_shed_gpus"
+FLEX_GROW_GPUS = "gpupool:flex_grow_gpus"
 
 BUDGET_LABEL = "workload"
 """Label of ``gpupool:flex_gpu_budget`` naming the workload; the HPA selects on it."""
@@ -70,13 +83,105 @@ HPA_METRIC = "gpupool_flex_gpu_budget"
 
 
 @dataclass(frozen=True)
+class Term:
+    """What one term of the flex budget records, and the policy fields it is built from."""
+
+    help: str
+    unit: str
+    knobs: tuple[str, ...] = ()
+
+
+_POOLS = ("cluster.pool_label", "node_pools[].name", "metrics.gpu_resource")
+_SHARING = ("workloads[].gpus_per_replica", "workloads[].pool", "node_pools[].lend_idle")
+
+TERMS: dict[str, Term] = {
+    NODE_UNALLOCATED_GPUS: Term(
+        "GPUs no live pod requests on each schedulable node, with its pool.", "gpus", _POOLS
+    ),
+    SCHEDULABLE_GPUS: Term(
+        "Allocatable GPUs of the nodes of each pool that accept new pods.", "gpus", _POOLS
+    ),
+    PRODUCTION_PENDING_GPUS: Term(
+        "GPUs production's unbound Pending pods request.", "gpus", ("priorities.production",)
+    ),
+    FLEX_PENDING_GPUS: Term(
+        "GPUs flex's unbound Pending pods request.", "gpus", ("cluster.flex_namespace",)
+    ),
+    PRODUCTION_BUSY_GPUS: Term(
+        "Production's busy GPU-equivalents (its GPUs' duty cycles, summed): over "
+        "gpupool:production_gpus_demanded, a production trace's duty_cycle.",
+        "gpus",
+        ("priorities.production", "metrics.gpu_pod_labels"),
+    ),
+    UNALLOCATED_GPUS: Term(
+        "GPUs no live pod requests on the schedulable nodes of each pool.", "gpus"
+    ),
+    RESERVED_GPUS: Term(
+        "GPUs each pool keeps unallocated for production (0 without a reserve).",
+        "gpus",
+        ("node_pools[].reserve_ratio", "node_pools[].reserve"),
+    ),
+    PRODUCTION_GPU_UTILIZATION: Term(
+        "The pools' GPU utilization from production's pods alone (flex and free GPUs count as "
+        "idle); the grow/shed signal.",
+        "ratio",
+    ),
+    SPARE_GPUS: Term(
+        "Unallocated GPUs beyond every pool's reserve and pending production requests; below 0 "
+        "flex sheds the difference.",
+        "gpus",
+    ),
+    FLEX_HEADROOM_GPUS: Term(
+        "GPUs flex may still grow into on each flex pool (unallocated, within the spare).",
+        "gpus",
+        ("node_pools[].lend_idle",),
+    ),
+    FLEX_HELD_GPUS: Term(
+        "GPUs each flex workload's bound, not-terminating pods hold.", "gpus", ("workloads[].name",)
+    ),
+    FLEX_HPA_STEP_GPUS: Term(
+        "The smallest change each flex workload's HPA acts on, in GPUs.",
+        "gpus",
+        ("workloads[].gpus_per_replica",),
+    ),
+    FLEX_BUDGET_STEP: Term(
+        "The budget's step now (label step: shortfall, shed, grow or hold; value 1).",
+        "bool",
+        ("elastic.shed_while_production_above", "elastic.grow_while_production_below"),
+    ),
+    FLEX_SHED_GPUS: Term(
+        "GPUs each flex workload sheds while the spare is short: its share of the shortfall, "
+        "at least one HPA step.",
+        "gpus",
+        _SHARING,
+    ),
+    FLEX_GROW_GPUS: Term(
+        "GPUs each flex workload may grow by: placeable in its pools, within their reserves "
+        "and the spare, split over the workloads sharing them.",
+        "gpus",
+        _SHARING,
+    ),
+    FLEX_GPU_BUDGET: Term(
+        "GPUs each flex workload may occupy; its HPA divides by gpus_per_replica.", "gpus"
+    ),
+}
+"""The flex budget's terms (``_Builder.chain`` builds them in this order)."""
+
+
+@dataclass(frozen=True)
 class Query:
     """One named query: the series it is recorded as, its PromQL, and what it means."""
 
     record: str
     expr: str
+    """What the recording rule evaluates; a budget term reads the terms before it."""
     help: str
     unit: str
+    knobs: tuple[str, ...] = ()
+    """The policy fields ``expr`` is built from (budget terms; shown beside each rule)."""
+    standalone: str | None = None
+    """``expr`` with the recorded series it reads replaced by their own PromQL; None where
+    ``expr`` reads exporter series only."""
 
     def recording_rule(self) -> dict[str, Any]:
         return {"record": self.record, "expr": self.expr}
@@ -121,7 +226,13 @@ class Catalogue:
 
     def query(self, record: str) -> str:
         """The standalone PromQL of ``record`` (works on raw data without the recording rules)."""
-        return self[record].expr
+        query = self[record]
+        return query.expr if query.standalone is None else query.standalone
+
+    @property
+    def budget(self) -> tuple[Query, ...]:
+        """The flex budget's chain of terms, in evaluation order."""
+        return tuple(q for q in self.queries if q.record in TERMS)
 
 
 def ksm_label(kubernetes_label: str) -> str:
@@ -140,10 +251,13 @@ def build_catalogue(policy: PoolPolicy) -> Catalogue:
 
 
 class _Builder:
-    """Composes the PromQL strings; one method per fragment several queries share."""
+    """Composes the PromQL strings; one method per fragment several queries share.
 
-    def __init__(self, policy: PoolPolicy) -> None:
+    ``inline``: budget terms read the terms before them as PromQL, not as recorded series."""
+
+    def __init__(self, policy: PoolPolicy, *, inline: bool = False) -> None:
         self.policy = policy
+        self.inline = inline
         self.m = policy.metrics
         self.flex_ns = policy.cluster.flex_namespace
         self.window = self.m.rate_window
@@ -233,14 +347,68 @@ class _Builder:
             f"sum by (node) ({requested} or on (node) (0 * {sched})), 0)"
         )
 
-    def reserve(self, pools: list[NodePool] | None = None) -> str:
-        """GPUs ``pools`` (default: every pool) keep unallocated, each pool's own summed."""
-        chosen = self.policy.node_pools if pools is None else pools
-        own = [r for r in map(self.own_reserve, chosen) if r is not None]
-        return f"({' + '.join(own)})" if own else "vector(0)"
+    def ref(self, record: str, label: str = "", values: Sequence[str] = ()) -> str:
+        """A budget term as a later term reads it, narrowed to ``label`` in ``values``: the
+        recorded series (the rules), or with ``inline`` that term's own PromQL narrowed the
+        same way (the standalone query, for data no rule evaluated)."""
+        if not self.inline:
+            if not label:
+                return record
+            op = "=" if len(values) == 1 else "=~"
+            return f'{record}{{{label}{op}"{"|".join(values)}"}}'
+        expr = f"({self.chain()[record]()})"
+        if not label:
+            return expr
+        keep = " or ".join(f'label_replace(vector(1), "{label}", "{v}", "", "")' for v in values)
+        return f"({expr} and on ({label}) ({keep}))"
 
-    def own_reserve(self, pool: NodePool) -> str | None:
-        """GPUs ``pool`` keeps unallocated of its own (no labels); None without a reserve.
+    def in_pools(self, record: str, pools: list[NodePool]) -> str:
+        """``record`` (labelled ``pool``) on ``pools`` only."""
+        return self.ref(record, "pool", [p.name for p in pools])
+
+    def per_workload(self, term: Callable[[FlexWorkload], str]) -> str:
+        """``term`` of every flex workload, labelled with the workload's name."""
+        return " or ".join(
+            f'label_replace({term(w)}, "{BUDGET_LABEL}", "{w.name}", "", "")'
+            for w in self.policy.workloads
+        )
+
+    def chain(self) -> dict[str, Callable[[], str]]:
+        """The budget's terms, each after the terms it reads: record -> its PromQL."""
+        terms: dict[str, Callable[[], str]] = {
+            NODE_UNALLOCATED_GPUS: lambda: self.unallocated_by_node(self.policy.node_pools),
+            SCHEDULABLE_GPUS: lambda: (
+                f"sum by (pool) ({self.schedulable_gpus(self.policy.node_pools)})"
+            ),
+            PRODUCTION_PENDING_GPUS: lambda: self.pending_gpus(self.production_pods()),
+            FLEX_PENDING_GPUS: self.flex_pending,
+            PRODUCTION_BUSY_GPUS: self.production_busy,
+            UNALLOCATED_GPUS: lambda: f"sum by (pool) ({self.ref(NODE_UNALLOCATED_GPUS)})",
+            RESERVED_GPUS: self.reserved,
+            PRODUCTION_GPU_UTILIZATION: self.production_utilization,
+            SPARE_GPUS: self.spare,
+            FLEX_HEADROOM_GPUS: lambda: " or ".join(map(self.headroom, self.policy.harvest_pools)),
+        }
+        if self.policy.workloads:
+            terms |= {
+                FLEX_HELD_GPUS: lambda: self.per_workload(self.held),
+                FLEX_HPA_STEP_GPUS: lambda: self.per_workload(self.hpa_step),
+                FLEX_BUDGET_STEP: self.budget_step,
+                FLEX_SHED_GPUS: self.shed,
+                FLEX_GROW_GPUS: lambda: self.per_workload(self.grow),
+                FLEX_GPU_BUDGET: self.budget,
+            }
+        return terms
+
+    def reserved(self) -> str:
+        """GPUs each pool keeps unallocated for production (``pool``), 0 without a reserve."""
+        return " or ".join(
+            f'label_replace({self.own_reserve(pool)}, "pool", "{pool.name}", "", "")'
+            for pool in self.policy.node_pools
+        )
+
+    def own_reserve(self, pool: NodePool) -> str:
+        """GPUs ``pool`` keeps unallocated of its own (no labels).
 
         ``reserve_ratio``: floor(schedulable GPUs x ratio). Slots (``reserve``): R slots of
         S GPUs are S x R while at least R nodes' worth of whole slots are free (a node with
@@ -249,11 +417,11 @@ class _Builder:
         reserve = self.policy.reserve_of(pool)
         if reserve.slots:
             size, count = reserve.slot_gpus, reserve.slots
-            slots = f"sum(floor({self.unallocated_by_node([pool])} / {size}))"
+            slots = f"sum(floor({self.in_pools(NODE_UNALLOCATED_GPUS, [pool])} / {size}))"
             return f"(({size} * ({count} + clamp_min({count} - {slots}, 0))) or vector(0))"
         if reserve.ratio <= 0:
-            return None
-        gpus = f"sum({self.schedulable_gpus([pool])})"
+            return "vector(0)"
+        gpus = f"sum({self.in_pools(SCHEDULABLE_GPUS, [pool])})"
         return f"(floor({gpus} * {num(reserve.ratio)}) or vector(0))"
 
     def pending_gpus(self, pods: str) -> str:
@@ -269,23 +437,27 @@ class _Builder:
 
         Negative: production's burst room is under the reserve, so flex sheds the difference.
         """
-        p = self.policy
-        free = f"sum({self.unallocated_by_node(p.node_pools)})"
-        waiting = self.pending_gpus(self.production_pods())
-        return f"({free} - {self.reserve()} - {waiting})"
+        free = f"sum({self.ref(NODE_UNALLOCATED_GPUS)})"
+        reserved = f"sum({self.ref(RESERVED_GPUS)})"
+        return f"({free} - {reserved} - {self.ref(PRODUCTION_PENDING_GPUS)})"
 
     def flex_pending(self) -> str:
         flex = f'max by (namespace, pod) (kube_pod_info{{namespace="{self.flex_ns}"}})'
         return self.pending_gpus(flex)
 
+    def spare_for_flex(self) -> str:
+        """The spare less the GPUs flex pods already wait for."""
+        return f"({self.ref(SPARE_GPUS)} - {self.ref(FLEX_PENDING_GPUS)})"
+
     def headroom(self, pool: NodePool) -> str:
-        """GPUs flex may still grow into on ``pool``: its unallocated GPUs, at most the spare
-        beyond every reserve (less flex pods already waiting), never below zero."""
-        free = f"sum by (pool) ({self.unallocated_by_node([pool])})"
-        own = self.own_reserve(pool)
-        if own is not None:  # the pool's own reserve stays free in the pool itself
-            free = f"({free} - on () group_left () {own})"
-        room = f"({self.spare()} - {self.flex_pending()})"
+        """GPUs flex may still grow into on ``pool``: its unallocated GPUs less its own
+        reserve, at most the spare beyond every reserve (less flex pods already waiting),
+        never below zero."""
+        free = (
+            f"({self.in_pools(UNALLOCATED_GPUS, [pool])}"
+            f" - on (pool) {self.in_pools(RESERVED_GPUS, [pool])})"
+        )
+        room = self.spare_for_flex()
         # group_left keeps ``pool``: a one-to-one match on () would drop every label.
         fits = f"({free} <= on () group_left () {room})"
         capped = f"((0 * {free}) + on () group_left () {room})"
@@ -300,8 +472,7 @@ class _Builder:
         GPU; absent (the budget then never grows) when production holds GPUs but
         dcgm-exporter does not attribute them to pods (``metrics.gpu_pod_labels``).
         """
-        busy = self.production_busy()
-        return f"({busy} / sum({self.schedulable_gpus(self.policy.node_pools)}))"
+        return f"({self.ref(PRODUCTION_BUSY_GPUS)} / sum({self.ref(SCHEDULABLE_GPUS)}))"
 
     def production_held(self) -> str:
         """GPUs requested by production's bound, non-terminated pods (no labels; absent when
@@ -352,6 +523,12 @@ class _Builder:
             f'deployment="{workload.name}"}})'
         )
 
+    def hpa_step(self, workload: FlexWorkload) -> str:
+        """The smallest change the HPA acts on, in GPUs: ``floor(replicas x HPA_TOLERANCE) +
+        1`` replicas, since its default 10 % tolerance swallows less."""
+        replicas = self.spec_replicas(workload)
+        return f"((floor({replicas} * {num(HPA_TOLERANCE)}) + 1) * {workload.gpus_per_replica})"
+
     def sharing(self, workload: FlexWorkload) -> int:
         """Workloads that compete with ``workload`` for GPUs: those whose pools overlap its
         own (with lending, every workload shares the lending pools)."""
@@ -360,51 +537,76 @@ class _Builder:
             1 for w in self.policy.workloads if mine & {p.name for p in self.policy.pools_for(w)}
         )
 
-    def budget(self, workload: FlexWorkload) -> str:
-        """GPUs ``workload`` may occupy: the GPUs it holds plus one of four steps.
+    def budget_step(self) -> str:
+        """Which of the budget's four steps every workload takes now (``step``; value 1), the
+        first that holds:
 
-        1. The spare (unallocated GPUs beyond every reserve and pending production) is
-           negative: shed the shortfall, split over the pool's workloads, at least one HPA
-           step.
-        2. Production keeps more than ``shed_while_production_above`` of the pools' GPUs busy:
-           shed one HPA step.
-        3. Production keeps less than ``grow_while_production_below`` busy: grow into the
-           smallest of the placeable GPUs of the workload's pools (its flex pool and every
-           pool that lends), those pools' unallocated GPUs less their reserves, and the spare
-           (less waiting flex pods), split over the workloads sharing those pools, in whole
-           replicas.
-        4. Otherwise hold.
+        1. ``shortfall``: the spare is negative (production's burst room is under the
+           reserves, or production waits): shed the shortfall.
+        2. ``shed``: production keeps more than ``shed_while_production_above`` of the pools'
+           GPUs busy: shed one HPA step.
+        3. ``grow``: production keeps less than ``grow_while_production_below`` busy: grow.
+        4. ``hold``: otherwise.
 
-        An HPA step is ``floor(replicas x HPA_TOLERANCE) + 1`` replicas: the smallest change
-        the HPA's default 10 % tolerance does not swallow. Missing data never grows flex:
-        without kube-state-metrics there is no series (the HPA holds); without production's
-        utilization only the reserve shed (1) and the hold (4) remain.
-        """
-        elastic, g = self.policy.elastic, workload.gpus_per_replica
-        pools = self.policy.pools_for(workload)
-        sharing = self.sharing(workload)
-        spare, prod = self.spare(), self.production_utilization()
-        step = f"((floor({self.spec_replicas(workload)} * {num(HPA_TOLERANCE)}) + 1) * {g})"
-        shortfall = f"(ceil(-{spare} / {sharing * g}) * {g})"
-        free = self.unallocated_by_node(pools)
+        Missing data never grows flex: without production's utilization only 1 and 4 remain,
+        and without the spare (no schedulable node) there is no step (the HPA holds)."""
+        e = self.policy.elastic
+        spare, prod = self.ref(SPARE_GPUS), self.ref(PRODUCTION_GPU_UTILIZATION)
+        steps = [
+            ("shortfall", f"({spare} < 0)"),
+            ("shed", f"({prod} > {num(e.shed_while_production_above)})"),
+            ("grow", f"({prod} < {num(e.grow_while_production_below)})"),
+            ("hold", spare),
+        ]
+        return " or on () ".join(
+            f'label_replace(vector(1) and on () {when}, "step", "{name}", "", "")'
+            for name, when in steps
+        )
+
+    def shed(self) -> str:
+        """GPUs each workload sheds when the spare is short: its share of the shortfall in
+        whole replicas, at least one HPA step."""
+
+        def share(w: FlexWorkload) -> str:
+            g = w.gpus_per_replica
+            return f"(ceil(-{self.ref(SPARE_GPUS)} / {self.sharing(w) * g}) * {g})"
+
+        step = self.ref(FLEX_HPA_STEP_GPUS)
+        # 0 + drops the step's series name: over a range (a backfill) the two branches of
+        # one workload are then one series, as they are at every instant
+        return f"(({self.per_workload(share)}) >= {step}) or (0 + {step})"
+
+    def grow(self, workload: FlexWorkload) -> str:
+        """GPUs ``workload`` may grow by: the smallest of the placeable GPUs of its pools (its
+        flex pool and every pool that lends, whole replicas per node), those pools'
+        unallocated GPUs less their reserves, and the spare less waiting flex pods; split
+        over the workloads sharing those pools, in whole replicas, never below zero."""
+        g, pools = workload.gpus_per_replica, self.policy.pools_for(workload)
+        free = self.in_pools(NODE_UNALLOCATED_GPUS, pools)
         room = f"((sum(floor({free} / {g})) * {g}) or vector(0))"
-        spare_for_flex = f"({spare} - {self.flex_pending()})"
-        fit = f"(({room} <= on () {spare_for_flex}) or on () {spare_for_flex})"
-        if any(self.own_reserve(p) is not None for p in pools):
-            # never into the GPUs the workload's pools keep for production
-            kept = f"((sum({free}) or vector(0)) - {self.reserve(pools)})"
-            fit = f"(({fit} <= on () {kept}) or on () {kept})"
+        spare = self.spare_for_flex()
+        # never into the GPUs the workload's pools keep for production
+        kept = f"((sum({free}) or vector(0)) - sum({self.in_pools(RESERVED_GPUS, pools)}))"
+        fit = f"(({room} <= on () {spare}) or on () {spare})"
+        fit = f"(({fit} <= on () {kept}) or on () {kept})"
+        return f"clamp_min(floor({fit} / {self.sharing(workload) * g}) * {g}, 0)"
+
+    def budget(self) -> str:
+        """GPUs each workload may occupy: the GPUs it holds plus the change of the budget's
+        step (``budget_step``), never below zero. No series without the workload's
+        Deployment or without a step (missing data: the HPA holds)."""
+
+        def when(step: str) -> str:
+            return f"on () {self.ref(FLEX_BUDGET_STEP, 'step', [step])}"
+
+        hpa = self.ref(FLEX_HPA_STEP_GPUS)
         change = (
-            f"(-(({shortfall} >= on () {step}) or on () {step}) and on () ({spare} < 0))"
-            f" or (-{step} and on () ({prod} > {num(elastic.shed_while_production_above)}))"
-            f" or (clamp_min(floor({fit} / {sharing * g}) * {g}, 0)"
-            f" and on () ({prod} < {num(elastic.grow_while_production_below)}))"
-            f" or (0 * {spare})"
+            f"(-{self.ref(FLEX_SHED_GPUS)} and {when('shortfall')})"
+            f" or (-{hpa} and {when('shed')})"
+            f" or ({self.ref(FLEX_GROW_GPUS)} and {when('grow')})"
+            f" or (0 * {hpa} and {when('hold')})"
         )
-        return (
-            f'label_replace(clamp_min({self.held(workload)} + ({change}), 0), "{BUDGET_LABEL}", '
-            f'"{workload.name}", "", "")'
-        )
+        return f"clamp_min({self.ref(FLEX_HELD_GPUS)} + ({change}), 0)"
 
     def prod_unschedulable(self) -> str:
         """Production pods requesting GPUs the scheduler cannot place (``PodScheduled=False``,
@@ -429,23 +631,28 @@ class _Builder:
         """Flex pods first seen disrupted within the window, per minute, by canonical reason."""
         return flex_evictions_expr(self.policy)
 
+    def budget_terms(self) -> list[Query]:
+        """The budget's chain, each term after the terms it reads (one rule group evaluates
+        them in this order, so each reads the others' results of the same evaluation)."""
+        inlined = _Builder(self.policy, inline=True).chain()
+        queries = []
+        for record, build in self.chain().items():
+            expr, standalone, term = build(), inlined[record](), TERMS[record]
+            alone = None if standalone == expr else standalone
+            queries.append(Query(record, expr, term.help, term.unit, term.knobs, alone))
+        return queries
+
     def catalogue(self) -> Catalogue:
         p, w, by = self.policy, self.window, self.by_instance
         all_pools = self.gpu_util_by_pool(p.node_pools)
         from_tier = self.vllm("prompt_tokens_by_source_total", 'source="external_kv_transfer"')
         queries = [
+            *self.budget_terms(),
             Query(
                 CLUSTER_GPU_UTILIZATION,
                 self.cluster_utilization(),
                 "Mean utilization of every GPU dcgm-exporter reports (flex included; shown, "
                 "never decided on).",
-                "ratio",
-            ),
-            Query(
-                PRODUCTION_GPU_UTILIZATION,
-                self.production_utilization(),
-                "The pools' GPU utilization from production's pods alone (flex and free GPUs "
-                "count as idle); the grow/shed signal.",
                 "ratio",
             ),
             Query(GPU_UTILIZATION, all_pools, "Utilization of each GPU, with its pool.", "ratio"),
@@ -467,44 +674,6 @@ class _Builder:
                 "GPUs production's pods hold or wait for (bound plus pending requests): the "
                 "gpus_demanded of a production trace (gpupool production-trace).",
                 "gpus",
-            ),
-            Query(
-                PRODUCTION_BUSY_GPUS,
-                self.production_busy(),
-                "Production's busy GPU-equivalents (its GPUs' duty cycles, summed): over "
-                "gpupool:production_gpus_demanded, a production trace's duty_cycle.",
-                "gpus",
-            ),
-            Query(
-                UNALLOCATED_GPUS,
-                f"sum by (pool) ({self.unallocated_by_node(p.node_pools)})",
-                "GPUs no live pod requests on the schedulable nodes of each pool.",
-                "gpus",
-            ),
-            Query(
-                SPARE_GPUS,
-                self.spare(),
-                "Unallocated GPUs beyond every pool's reserve and pending production requests; "
-                "below 0 flex sheds the difference.",
-                "gpus",
-            ),
-            Query(
-                FLEX_HEADROOM_GPUS,
-                " or ".join(self.headroom(pool) for pool in p.harvest_pools),
-                "GPUs flex may still grow into on each flex pool (unallocated, within the spare).",
-                "gpus",
-            ),
-            *(
-                [
-                    Query(
-                        FLEX_GPU_BUDGET,
-                        " or ".join(self.budget(workload) for workload in p.workloads),
-                        "GPUs each flex workload may occupy; its HPA divides by gpus_per_replica.",
-                        "gpus",
-                    )
-                ]
-                if p.workloads
-                else []
             ),
             Query(
                 KV_CACHE_USAGE,

@@ -2,11 +2,12 @@
 
 ``runtime.metrics.catalogue`` turns the policy into PromQL that Prometheus evaluates in the
 cluster; the what-if engine needs the same number from simulated exporter values at every
-evaluation. This module mirrors ``_Builder.spare``, ``headroom``, ``production_utilization``
-and ``budget`` term by term (same inputs, thresholds, floors and clamps, the same "no series"
-outcomes), and ``tests/sim/test_budget_promql.py`` proves the two equal by writing sampled
-simulated states into a real Prometheus and evaluating the catalogue's queries there. Change
-both together.
+evaluation. This module mirrors ``_Builder.spare``, ``headroom``, ``production_utilization``,
+``budget_step``, ``shed``, ``grow`` and ``budget`` term by term (same inputs, thresholds,
+floors and clamps, the same "no series" outcomes), and ``tests/sim/test_budget_promql.py``
+proves the two equal by writing sampled simulated states into a real Prometheus and
+evaluating the catalogue's queries there, standalone and as the recorded chain of rules.
+Change both together.
 
 The terms read the exporters through ``Exports``: ``ExporterView`` holds every series (what
 the PromQL test writes), and the replay's tallies (``runtime.sim.engine``) give the same
@@ -173,7 +174,7 @@ def own_reserve(policy: PoolPolicy, pool: NodePool, view: Exports) -> int:
 
 
 def reserve(policy: PoolPolicy, view: Exports, pools: list[NodePool] | None = None) -> int:
-    """``_Builder.reserve``: the own reserves of ``pools`` (default: every pool), summed."""
+    """``_Builder.reserved`` of ``pools`` (default: every pool), summed."""
     chosen = policy.node_pools if pools is None else pools
     return sum(own_reserve(policy, pool, view) for pool in chosen)
 

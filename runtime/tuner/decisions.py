@@ -184,14 +184,14 @@ def _kv_share_step(policy: PoolPolicy, settings: TunerSettings) -> tuple[Change,
 PROD_RESERVE = Lever(
     "prod-reserve",
     "node_pools[<prod pool>].reserve_ratio",
-    "the gpupool:flex_gpu_budget recording rule: the GPUs every pool keeps unallocated",
+    "the gpupool:reserved_gpus recording rule: the GPUs every pool keeps unallocated",
     False,
     _prod_reserve_step,
 )
 SHED_THRESHOLD = Lever(
     "shed-threshold",
     "elastic.shed_while_production_above",
-    "the gpupool:flex_gpu_budget recording rule: when flex sheds one HPA step",
+    "the gpupool:flex_budget_step recording rule: when flex sheds one HPA step",
     False,
     _shed_threshold_step,
 )

@@ -263,6 +263,10 @@ def test_catalogue_answers_queries_by_recorded_name(test_policy: PoolPolicy) -> 
     assert len(records) == len(set(records))
     for record in records:
         assert record.startswith("gpupool:")
-        assert catalogue.query(record) == catalogue[record].expr
+        standalone = catalogue.query(record)
+        assert re.search(r"gpupool:[a-z]", standalone) is None, f"{record} reads a recording"
+        if catalogue[record].standalone is None:
+            assert standalone == catalogue[record].expr
+    assert catalogue.query(FLEX_GPU_BUDGET) != catalogue[FLEX_GPU_BUDGET].expr
     with pytest.raises(KeyError, match="gpupool:nope"):
         catalogue.query("gpupool:nope")

@@ -34,10 +34,11 @@ from pathlib import Path
 
 import pytest
 
+from alerts import recording
 from policy import PoolPolicy, parse_policy
 from runtime.metrics import catalogue as c
 from tests.alerts.test_e2e import query
-from tests.harness.servers import Server, backfill, start_prometheus
+from tests.harness.servers import Server, backfill, backfill_rules, start_prometheus
 
 T0 = 1_700_000_000
 STEP_S = 30
@@ -273,10 +274,15 @@ def openmetrics() -> str:
 
 
 @pytest.fixture(scope="module")
-def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def backfilled(
+    tmp_path_factory: pytest.TempPathFactory, test_policy: PoolPolicy
+) -> Iterator[Server]:
+    """The exporter series, and the budget's rules recorded over them as Prometheus would."""
     workdir = tmp_path_factory.mktemp("backfill")
     data = workdir / "data"
     backfill(openmetrics(), workdir, data)
+    budget = recording.budget_groups(test_policy, c.build_catalogue(test_policy))
+    backfill_rules(budget, T0, T0 + END_S, workdir / "rules", data, interval_s=2 * STEP_S)
     server = start_prometheus(json.dumps({"global": {}}), workdir / "prom", data_dir=data)
     yield server
     server.stop()
@@ -319,6 +325,13 @@ STEPS = [
     (SHED, (0, 0), 0, 0.725, 0, 0),
     (SHORT, (0, 1), -1, 0.25, 0, 0),
 ]
+TERMS = [
+    # at, the budget's step, production / flex pending GPUs, llm's grow GPUs
+    (GROW, "grow", 0, 0, 1),  # min(1 placeable, spare 2, 1 kept)
+    (HOLD, "hold", 0, 1, 0),  # x0003 waits: spare 1 - 1
+    (SHED, "shed", 0, 0, 0),
+    (SHORT, "shortfall", 2, 0, 0),  # api-3 waits for 2: spare -1, never below 0
+]
 
 
 @pytest.mark.slow
@@ -333,15 +346,56 @@ def test_every_step_of_the_budget(
     headroom: float,
     budget: float,
 ) -> None:
-    q = catalogue.query
-    assert values(backfilled, q(c.UNALLOCATED_GPUS), at) == {
-        "pool=gpu-prod": free[0],
-        "pool=gpu-flex": free[1],
+    """The standalone queries, and the recorded chain: the same numbers."""
+    for q in (catalogue.query, recorded):
+        assert values(backfilled, q(c.UNALLOCATED_GPUS), at) == {
+            "pool=gpu-prod": free[0],
+            "pool=gpu-flex": free[1],
+        }
+        assert values(backfilled, q(c.SPARE_GPUS), at) == {"": spare}
+        assert values(backfilled, q(c.PRODUCTION_GPU_UTILIZATION), at) == {"": production}
+        assert values(backfilled, q(c.FLEX_HEADROOM_GPUS), at) == {"pool=gpu-flex": headroom}
+        assert values(backfilled, q(c.FLEX_GPU_BUDGET), at) == {"workload=llm": budget}
+
+
+def recorded(record: str) -> str:
+    """The series the budget's rules recorded (its name left out of the labels)."""
+    return f"{record} + 0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("at", "step", "prod_pending", "flex_pending", "grow"), TERMS)
+def test_every_term_of_the_budget(
+    backfilled: Server,
+    catalogue: c.Catalogue,
+    at: int,
+    step: str,
+    prod_pending: int,
+    flex_pending: int,
+    grow: int,
+) -> None:
+    """Each term the budget's rules record (n3 is in no pool, n4 is cordoned; x0002 is
+    deleting, so llm holds x0001's GPU only), equal to its standalone query."""
+    free = {"grow": (1, 1), "hold": (0, 1), "shed": (0, 0), "shortfall": (0, 1)}[step]
+    llm = "workload=llm"
+    expected = {
+        c.NODE_UNALLOCATED_GPUS: {
+            "node=n1,pool=gpu-prod": free[0],
+            "node=n2,pool=gpu-flex": free[1],
+        },
+        c.SCHEDULABLE_GPUS: {"pool=gpu-prod": 2, "pool=gpu-flex": 2},
+        c.RESERVED_GPUS: {"pool=gpu-prod": 0, "pool=gpu-flex": 0},
+        c.PRODUCTION_PENDING_GPUS: {"": prod_pending},
+        c.FLEX_PENDING_GPUS: {"": flex_pending},
+        c.FLEX_HELD_GPUS: {llm: 1},
+        c.FLEX_HPA_STEP_GPUS: {llm: 1},  # floor(2 replicas x 0.1) + 1
+        c.FLEX_BUDGET_STEP: {f"step={step}": 1},
+        c.FLEX_SHED_GPUS: {llm: 1},  # a shortfall of 1 or none: one HPA step
+        c.FLEX_GROW_GPUS: {llm: grow},
     }
-    assert values(backfilled, q(c.SPARE_GPUS), at) == {"": spare}
-    assert values(backfilled, q(c.PRODUCTION_GPU_UTILIZATION), at) == {"": production}
-    assert values(backfilled, q(c.FLEX_HEADROOM_GPUS), at) == {"pool=gpu-flex": headroom}
-    assert values(backfilled, q(c.FLEX_GPU_BUDGET), at) == {"workload=llm": budget}
+    for record, want in expected.items():
+        assert values(backfilled, recorded(record), at) == want, record
+        assert values(backfilled, catalogue.query(record), at) == want, record
 
 
 PRODUCTION_TRACE = [

@@ -7,7 +7,10 @@ how to install it, never a silent skip.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,6 +22,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL = REPO / "tests" / "fixtures" / "tiny-llama"
@@ -97,8 +101,11 @@ def start(
     raise RuntimeError(f"{argv[0]} not ready after {timeout_s} s:\n{server.log_tail()}")
 
 
-def start_prometheus(config: str, workdir: Path, *, data_dir: Path | None = None) -> Server:
-    """Prometheus with ``config`` (YAML text); rule files are paths inside ``config``."""
+def start_prometheus(
+    config: str, workdir: Path, *, data_dir: Path | None = None, lookback_s: int | None = None
+) -> Server:
+    """Prometheus with ``config`` (YAML text); rule files are paths inside ``config``.
+    ``lookback_s``: how far back an instant selector looks (default 5 minutes)."""
     binary = require_binary("prometheus")
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "prometheus.yml"
@@ -114,6 +121,7 @@ def start_prometheus(config: str, workdir: Path, *, data_dir: Path | None = None
             "--web.enable-admin-api",
             "--storage.tsdb.retention.time=100y",
             "--log.level=warn",
+            *([f"--query.lookback-delta={lookback_s}s"] if lookback_s else []),
         ],
         url=f"http://127.0.0.1:{port}",
         ready_path="/-/ready",
@@ -212,3 +220,94 @@ def start_vllm_server(
             **(env or {}),
         },
     )
+
+
+_RECORDED = re.compile(r"gpupool:[a-zA-Z0-9_:]+")
+
+
+def backfill_rules(
+    groups: list[dict[str, Any]],
+    start: int,
+    end: int,
+    workdir: Path,
+    data_dir: Path,
+    *,
+    interval_s: int,
+    lookback_s: int | None = None,
+    only: set[str] | None = None,
+) -> None:
+    """Record ``groups``' recording rules every ``interval_s`` from ``start`` to ``end``
+    (Unix seconds) into ``data_dir``, which holds the exporter series they read (each seen
+    within ``interval_s - 1`` seconds of every instant it is meant to count at).
+
+    ``promtool tsdb create-blocks-from rules`` evaluates each rule against a Prometheus
+    serving ``data_dir``, never against the other rules' output of the same pass: a rule
+    that reads a recorded series waits for a later pass. So one pass per level, each level
+    the rules whose recorded inputs earlier passes wrote, every pass from the same file
+    name and group names (the same evaluation instants). Backfilled series have no
+    staleness markers, so that Prometheus looks back ``interval_s - 1`` seconds only: a
+    rule reads the results of the same evaluation, never a series that vanished since (as
+    in a running Prometheus; ``lookback_s`` widens that where exporter series are sampled
+    no denser than the rules run and none vanishes mid-history). Each pass's blocks are
+    moved into ``data_dir`` under their own names (Prometheus ignores a renamed block
+    directory). ``only``: record these series and the ones they read, no others."""
+    rules = [(g, r) for g in groups for r in g["rules"] if "record" in r]
+    if only is not None:
+        reads = {r["record"]: set(_RECORDED.findall(r["expr"])) for _, r in rules}
+        wanted = set(only)
+        while grown := set().union(*(reads[w] for w in wanted)) - wanted:
+            wanted |= grown
+        rules = [(g, r) for g, r in rules if r["record"] in wanted]
+    recorded = {r["record"] for _, r in rules}
+    done: set[str] = set()
+    workdir.mkdir(parents=True, exist_ok=True)
+    for level in itertools.count():
+        ready = [
+            (g, r)
+            for g, r in rules
+            if r["record"] not in done and set(_RECORDED.findall(r["expr"])) & recorded <= done
+        ]
+        if not ready:
+            assert done == recorded, f"rules that read each other: {recorded - done}"
+            return
+        names = list(dict.fromkeys(g["name"] for g, _ in ready))
+        level_groups = [
+            {
+                "name": name,
+                "interval": f"{interval_s}s",
+                "rules": [r for g, r in ready if g["name"] == name],
+            }
+            for name in names
+        ]
+        (workdir / "rules.yaml").write_text(json.dumps({"groups": level_groups}))
+        out = workdir / f"blocks-{level}"
+        server = start_prometheus(
+            json.dumps({"global": {}}),
+            workdir / "prom",
+            data_dir=data_dir,
+            lookback_s=interval_s - 1 if lookback_s is None else lookback_s,
+        )
+        try:
+            result = subprocess.run(
+                [
+                    require_binary("promtool"),
+                    "tsdb",
+                    "create-blocks-from",
+                    "rules",
+                    f"--start={start}",
+                    f"--end={end}",
+                    f"--url={server.url}",
+                    f"--output-dir={out}",
+                    "rules.yaml",
+                ],
+                cwd=workdir,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        finally:
+            server.stop()
+        assert result.returncode == 0, result.stdout + result.stderr
+        for block in out.iterdir():
+            os.replace(block, data_dir / block.name)
+        done |= {r["record"] for _, r in ready}

@@ -5,11 +5,12 @@ exporter states to ``observe``; a sample of them, stratified over the budget's f
 (reserve shortfall, shed, grow, hold), is written as the kube-state-metrics and dcgm-exporter
 series those exporters would publish, loaded with ``promtool tsdb create-blocks-from
 openmetrics``, and the catalogue's spare, production-utilization, headroom and budget
-expressions are evaluated at each state's instant. Four policies are tried: the default
-(gpu-prod lends), the same with lending off, one with a flex reserve (so the floor of each
-pool's reserve is exercised too), and one with a reserve in production replica slots, a
-second flex pool and 4-GPU production pods beside 1-GPU flex pods on lending nodes (so free
-GPUs are fragmented and slots go missing).
+expressions are evaluated at each state's instant, standalone and as the budget's chain of
+recording rules records them (``promtool tsdb create-blocks-from rules``, a pass per
+level). Four policies are tried: the default (gpu-prod lends), the same with lending off,
+one with a flex reserve (so the floor of each pool's reserve is exercised too), and one
+with a reserve in production replica slots, a second flex pool and 4-GPU production pods
+beside 1-GPU flex pods on lending nodes (so free GPUs are fragmented and slots go missing).
 
 Without an observer the replay's budget reads the cluster's counters (``engine.Tallies``)
 instead of the view; every replay here checks the two equal at each evaluation.
@@ -27,6 +28,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from alerts import recording
 from policy import DEFAULT_POLICY, PoolPolicy, load_policy, parse_policy
 from runtime.cli.app import app
 from runtime.metrics import catalogue as c
@@ -55,7 +57,7 @@ from runtime.sim.serving import Requests
 from runtime.sim.traces import ProductionTrace, diurnal, load_production_trace
 from runtime.tuner import prometheus as prometheus_edge
 from tests.alerts.test_e2e import query
-from tests.harness.servers import Server, backfill, start_prometheus
+from tests.harness.servers import Server, backfill, backfill_rules, start_prometheus
 
 T0 = 1_750_000_000
 STATES = 48
@@ -263,6 +265,9 @@ def scenarios(
             states = _states(policy)
             data = workdir / "data"
             backfill(_openmetrics(policy, states), workdir, data)
+            rules = recording.budget_groups(policy, c.build_catalogue(policy))
+            end = T0 + SPACING_S * len(states)
+            backfill_rules(rules, T0, end, workdir / "rules", data, interval_s=SPACING_S)
             server = start_prometheus(json.dumps({"global": {}}), workdir / "prom", data_dir=data)
             out[name] = (policy, states, server)
         yield out
@@ -275,6 +280,12 @@ def _value(prom: Server, expr: str, at: int) -> float | None:
     result = query(prom, expr, at=at)
     assert len(result) <= 1, result
     return float(result[0]["value"][1]) if result else None
+
+
+def recorded(record: str) -> str:
+    """``record`` as the rules recorded it in a state's period (they ran once in it), read
+    at the period's last second."""
+    return f"last_over_time({record}[{SPACING_S - 1}s])"
 
 
 def _by_pool(prom: Server, expr: str, at: int) -> dict[str, float]:
@@ -308,6 +319,12 @@ def test_replay_budget_equals_the_catalogue_promql(
         assert room == {p: v for p, v in expected_room.items() if v is not None}, k
         expected = budget(policy, workload, view)
         assert _value(prom, catalogue.query(c.FLEX_GPU_BUDGET), at) == expected, (k, view)
+        # the rules as Prometheus records them, each term reading the ones before it: the
+        # one evaluation of each state's period
+        end = at + SPACING_S - 1
+        assert _value(prom, recorded(c.FLEX_GPU_BUDGET), end) == expected, (k, view)
+        assert _value(prom, recorded(c.SPARE_GPUS), end) == spare(policy, view), k
+        assert _by_pool(prom, recorded(c.FLEX_HEADROOM_GPUS), end) == room, k
         regions.add(_region(policy, view))
     assert regions == {"shortfall", "shed", "grow", "hold"}, f"states cover only {regions}"
     assert any(p.node is None and not p.production for v in states for p in v.pods), (

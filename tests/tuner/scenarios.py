@@ -20,19 +20,17 @@ cycle evaluated at a scenario's end sees only it.
 from __future__ import annotations
 
 import math
-import shutil
-import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from alerts.recording import groups
+from alerts.bundle import all_groups
 from policy import DEFAULT_POLICY, parse_policy
 from runtime.metrics import catalogue
 from runtime.tuner import signals
-from tests.harness.servers import Server, backfill, require_binary, start_prometheus
+from tests.harness.servers import Server, backfill, backfill_rules, start_prometheus
 
 T0 = 1_767_225_600
 """2026-01-01T00:00:00Z: the first scenario starts here."""
@@ -301,47 +299,23 @@ PROMETHEUS_CONFIG = "global:\n  scrape_interval: 30s\n"
 """No scrape targets: the backfilled blocks are all the data."""
 
 
-def rule_file(path: Path) -> Path:
-    """The shipped policy's recording rules of the series the tuner reads, exactly as the
-    PrometheusRule carries them (the others would only slow the backfill)."""
-    [group] = groups(POLICY, catalogue.build_catalogue(POLICY))
-    group["rules"] = [r for r in group["rules"] if r["record"] in signals.SIGNALS]
-    assert len(group["rules"]) == len(signals.SIGNALS)
-    path.write_text(yaml.safe_dump({"groups": [group]}))
-    return path
-
-
 def build_prometheus(workdir: Path) -> Server:
-    """Raw series backfilled, the recording rules evaluated over them (promtool), the
-    recorded blocks moved beside the raw ones, and Prometheus restarted on all of it."""
+    """Raw series backfilled, the shipped policy's recording rules of the series the tuner
+    reads (and the budget's terms they read) evaluated over them as the PrometheusRule
+    carries them (promtool, a pass per level), and Prometheus started on all of it."""
     data = workdir / "data"
     backfill(openmetrics(), workdir, data)
-    raw = start_prometheus(PROMETHEUS_CONFIG, workdir / "raw", data_dir=data)
-    recorded = workdir / "recorded"
-    try:
-        end = T0 + (len(SCENARIOS) - 1) * SLOT_S + SPAN_S
-        done = subprocess.run(
-            [
-                require_binary("promtool"),
-                "tsdb",
-                "create-blocks-from",
-                "rules",
-                f"--start={T0}",
-                f"--end={end}",
-                f"--url={raw.url}",
-                f"--output-dir={recorded}",
-                f"--eval-interval={STEP_S}s",
-                "--quiet",
-                str(rule_file(workdir / "rules.yaml")),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-    finally:
-        raw.stop()
-    for block in recorded.iterdir():  # keep each block's ULID name: a renamed one is ignored
-        if block.is_dir():
-            shutil.move(str(block), str(data / block.name))
+    rules = all_groups(POLICY)
+    end = T0 + (len(SCENARIOS) - 1) * SLOT_S + SPAN_S
+    # exporters sampled every STEP_S: a 5 m lookback, as in a running Prometheus
+    backfill_rules(
+        rules,
+        T0,
+        end,
+        workdir / "rules",
+        data,
+        interval_s=STEP_S,
+        lookback_s=300,
+        only=set(signals.SIGNALS),
+    )
     return start_prometheus(PROMETHEUS_CONFIG, workdir / "prom", data_dir=data)

@@ -567,10 +567,10 @@ def test_without_a_token_nothing_is_posted(
 def test_a_diff_that_does_not_fit_is_left_to_the_artifact(
     policy_repo: Path, tmp_path: Path, github: ReplayGitHub
 ) -> None:
+    """A change every rate() reads: its diff is many expressions, too long beside the
+    replay's report."""
     base = _git(policy_repo, "rev-parse", "HEAD")
-    head = _commit_policy(
-        policy_repo, "shed_while_production_above: 0.65 ", "shed_while_production_above: 0.70 "
-    )
+    head = _commit_policy(policy_repo, "rate_window: 5m", "rate_window: 4m")
     github.load("list_comments_unmarked.json", "create_comment.json")
     run, _ = _run_script(
         policy_repo,
@@ -588,9 +588,7 @@ def test_a_diff_that_does_not_fit_is_left_to_the_artifact(
     assert "w" * 62000 in body and "<details>" not in body
     assert "does not fit in the comment: see `build/whatif/policy.diff`" in body
     assert "[this run](https://ci.example.com/run/7)" in body
-    assert "shed_while_production_above: 0.7" in (run.out / "policy.diff").read_text(
-        encoding="utf-8"
-    )
+    assert "rate_window: 4m" in (run.out / "policy.diff").read_text(encoding="utf-8")
 
 
 @pytest.mark.process
