@@ -54,7 +54,7 @@ lint: $(VENV)/.test
 test: servers $(VENV)/.test $(CHECKOV_VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The developer's loop: the pure tests only (no server, engine, vLLM import or other program;
-# tests/harness/purity.py fails a test that needs one and is not marked).
+# The developer's loop: the quick pure tests (no server, engine, vLLM import or other program;
+# tests/harness/purity.py fails a test that needs one and is not marked; `heavy` ones left out).
 test-fast: $(VENV)/.test
-	GPUPOOL_PURE_TESTS=1 $(PY) -m pytest -m "not slow and not vllm and not process" $(PYTEST_ARGS)
+	GPUPOOL_PURE_TESTS=1 $(PY) -m pytest -m "not slow and not vllm and not process and not heavy" $(PYTEST_ARGS)

@@ -152,6 +152,7 @@ def test_a_folder_holding_other_files_is_refused_before_the_sweep(
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.heavy
 def test_a_second_run_replaces_its_own_folder(inputs: tuple[Path, Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
     for values in ("0.1", "0.05"):
@@ -162,6 +163,7 @@ def test_a_second_run_replaces_its_own_folder(inputs: tuple[Path, Path], tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+@pytest.mark.heavy
 def test_variants_the_budget_does_not_reach_are_listed(
     inputs: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -84,6 +84,7 @@ def test_diff_prints_object_level_changes(tmp_path: Path) -> None:
     assert (same.exit_code, same.output) == (0, "no differences\n")
 
 
+@pytest.mark.heavy
 def test_demo_validates_renders_and_summarises(tmp_path: Path) -> None:
     result = runner.invoke(app, ["demo", "--out", str(tmp_path)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import kubernetes_validate
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
@@ -158,6 +159,7 @@ def policies(draw: st.DrawFn) -> Any:
 
 
 # 40 policies x 2 targets x ~20 objects: about a minute on the CI machines.
+@pytest.mark.heavy
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=policies())
 def test_valid_policies_render_valid_objects(doc: Any) -> None:

@@ -160,6 +160,7 @@ def _sparse(path: Path) -> None:
 BAD = {"fifo": _fifo, "dev_zero": _dev_zero, "sparse": _sparse}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("where", "bad", "says"),
     [
@@ -187,6 +188,7 @@ def test_a_bad_entry_is_passed_over_and_the_rest_of_the_pass_is_done(
     assert says in walk["note"]
 
 
+@pytest.mark.process
 def test_folders_nested_past_the_recursion_limit_are_walked(root: Path) -> None:
     """A block at the bottom of 1,500 folders is counted and, being the oldest, deleted; a
     stale tier as deep is reclaimed to its last folder."""
@@ -208,6 +210,7 @@ def test_folders_nested_past_the_recursion_limit_are_walked(root: Path) -> None:
     assert sum(size for _, size in regular_blocks(root)) <= CAPACITY
 
 
+@pytest.mark.process
 def test_symlinks_out_of_the_tree_are_not_followed(root: Path, tmp_path: Path) -> None:
     """A tier folder linked to a folder outside, and the replicas' folder linked to one: the
     GC neither counts, deletes nor renames anything there."""
@@ -227,6 +230,7 @@ def test_symlinks_out_of_the_tree_are_not_followed(root: Path, tmp_path: Path) -
     assert "gpupool-kv-linked" not in report["tiers"]
 
 
+@pytest.mark.process
 def test_the_walk_stops_at_its_budget_and_then_reclaims_nothing(root: Path) -> None:
     volume(root)
     stale = root / "gpupool-kv-fedcba9876543210"

@@ -106,6 +106,7 @@ def test_two_outputs_at_one_path_are_refused(tmp_path: Path) -> None:
         check_outputs([tmp_path / "r.md", tmp_path / "x/../r.md"])
 
 
+@pytest.mark.process
 def test_a_read_only_folder_is_refused_before_any_work(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "ro", size_kib=64) as folder:
         (folder / "report.md").write_text("old")
@@ -119,6 +120,7 @@ def test_a_read_only_folder_is_refused_before_any_work(tmp_path: Path) -> None:
         assert (folder / "report.md").read_text() == "old"
 
 
+@pytest.mark.process
 def test_a_full_disk_keeps_the_old_set_and_leaves_nothing(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "small", size_kib=256) as folder:
         old = {folder / "report.md": b"old report", folder / "img/plot.png": b"old plot"}
@@ -132,6 +134,7 @@ def test_a_full_disk_keeps_the_old_set_and_leaves_nothing(tmp_path: Path) -> Non
         assert sorted(p.name for p in folder.rglob("*")) == ["img", "plot.png", "report.md"]
 
 
+@pytest.mark.process
 def test_a_folder_holding_a_mount_point_is_refused_and_the_mount_untouched(
     tmp_path: Path,
 ) -> None:
@@ -152,6 +155,7 @@ def test_a_folder_holding_a_mount_point_is_refused_and_the_mount_untouched(
         assert sorted(p.name for p in disk.iterdir()) == ["precious"]
 
 
+@pytest.mark.process
 def test_removing_a_tree_never_leaves_its_filesystem(tmp_path: Path) -> None:
     """A mount appearing in a retired tree (after the check) keeps its files."""
     tree = tmp_path / "retired"

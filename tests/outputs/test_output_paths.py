@@ -126,6 +126,7 @@ def _checked(result_output: str, exit_code: int, root: Path, before: dict[str, o
     return True
 
 
+@pytest.mark.process
 @settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -145,6 +146,7 @@ def test_render_out_anywhere(out: str, template: Path) -> None:
             assert (target / ".gpupool-render").is_file()
 
 
+@pytest.mark.process
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -179,6 +181,7 @@ def _never(*_args: object, **_kwargs: object) -> None:
     raise AssertionError("the long work started")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("command", ["whatif", "advise", "production-trace"])
 def test_a_read_only_folder_is_refused_before_the_long_work(
     command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -205,6 +208,7 @@ def test_a_read_only_folder_is_refused_before_the_long_work(
         assert not any(folder.iterdir())
 
 
+@pytest.mark.process
 def test_production_trace_never_overwrites_the_policy(
     tmp_path: Path, template: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

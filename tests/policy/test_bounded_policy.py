@@ -90,6 +90,7 @@ def test_merge_keys_are_read_and_their_problems_located(
             assert 1 <= number <= text.count("\n"), line
 
 
+@pytest.mark.heavy
 @CASES
 @given(
     depth=st.sampled_from([1, 10, 300, 1_000, 10_000, 100_000]),

@@ -54,6 +54,7 @@ fractions = st.one_of(
 )
 
 
+@pytest.mark.heavy
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(grow=fractions, shed=fractions)
 @example(grow=0.0, shed=0.65)
@@ -76,6 +77,7 @@ def test_a_band_that_never_grows_or_always_sheds_is_warned(grow: float, shed: fl
     assert all("flex" in line and "expected" in line for line in grows + sheds)
 
 
+@pytest.mark.heavy
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prod=fractions, flex=st.floats(0, 0.99))
 @example(prod=0.9, flex=0.9)
@@ -90,6 +92,7 @@ def test_reserving_most_of_a_pool_is_warned(prod: float, flex: float) -> None:
         assert all(f"keeps {kept} of the {gpus} GPUs" in line for line in warned), warned
 
 
+@pytest.mark.heavy
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(grace=st.integers(30, 3600), drain=st.integers(1, 3600))
 @example(grace=3600, drain=3500)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
@@ -54,6 +55,7 @@ def _mutate(doc: Any, path: tuple[Any, ...], value: Any, delete: bool) -> Any:
     return doc
 
 
+@pytest.mark.heavy
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     edits=st.lists(st.tuples(st.sampled_from(PATHS), values, st.booleans()), min_size=1, max_size=4)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -55,6 +56,7 @@ NAMES: dict[str, Callable[[Any], bool]] = {
 """Fields that name a Kubernetes object, and the API server's rule for that object."""
 
 
+@pytest.mark.heavy
 @CASES
 @given(field=st.sampled_from(sorted(NAMES)), value=h.hostile(["gpu-flex", "ip-10-0-1-23.ec2"]))
 @example(field="cluster.flex_namespace", value="gpupool-flex\n")
@@ -76,6 +78,7 @@ LABELS: dict[str, Callable[[Any], bool]] = {
 """Fields that become Kubernetes labels or Prometheus label names."""
 
 
+@pytest.mark.heavy
 @CASES
 @given(
     field=st.sampled_from(sorted(LABELS)),
@@ -107,6 +110,7 @@ def _positive_duration(value: Any) -> bool:
     return 0 < h.duration_ms(value) <= 365 * 86400 * 1000
 
 
+@pytest.mark.heavy
 @CASES
 @given(field=st.sampled_from(DURATIONS), value=h.hostile(["5m", "1h30m", "30s", "15m", "4h"]))
 @example(field="metrics.rate_window", value="\u0665m")
@@ -118,6 +122,7 @@ def test_durations_are_prometheus_durations(field: str, value: Any) -> None:
 IMAGES = ["cluster.runtime_image", "workloads.0.image"]
 
 
+@pytest.mark.heavy
 @CASES
 @given(
     field=st.sampled_from(IMAGES),
@@ -172,6 +177,7 @@ NUMBERS: dict[str, Callable[[Any], bool]] = {
 """Integer fields that reach an int32 field of a Kubernetes object, and its bounds."""
 
 
+@pytest.mark.heavy
 @CASES
 @given(field=st.sampled_from(sorted(NUMBERS)), value=h.numbers)
 @example(field="node_pools.0.max_nodes", value=10**23)

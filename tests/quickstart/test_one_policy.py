@@ -130,6 +130,7 @@ def test_outside_a_policy_repository_every_command_refuses_in_one_line(
     assert not any(p.name in written for p in elsewhere.iterdir())
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_with_example_each_command_reads_the_packaged_example(name: str, elsewhere: Path) -> None:
     args = _commands(elsewhere)[name]

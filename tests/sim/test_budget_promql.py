@@ -348,6 +348,7 @@ def test_replay_budget_equals_the_catalogue_promql(
     )
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", ["default", "lending-off", "reserve", "slots"])
 def test_the_replay_tallies_equal_the_exporter_view(name: str) -> None:
     """Without an observer or a tuner the replay's budget reads ``Tallies`` (the cluster's

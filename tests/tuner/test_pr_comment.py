@@ -463,6 +463,7 @@ def test_script_posts_the_replay_and_the_diff(
     )
 
 
+@pytest.mark.process
 def test_the_sweep_replays_the_trace_a_tuner_proposal_commits(
     policy_repo: Path, tmp_path: Path, github: ReplayGitHub
 ) -> None:

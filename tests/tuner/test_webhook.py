@@ -751,6 +751,7 @@ def _unstarved(shapes: list[tuple[bool, int, bytes, bytes]]) -> None:
         hook.close()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("first", [SLOW_HEADERS, SLOW_BODY], ids=["headers", "body"])
 def test_slow_clients_cannot_starve_the_probes_or_delay_an_alert(first: bytes) -> None:
     """Forty slow-loris sockets on each listener, a header line dripped a byte at a time."""
