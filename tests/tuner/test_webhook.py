@@ -729,12 +729,11 @@ def _unstarved(shapes: list[tuple[bool, int, bytes, bytes]]) -> None:
         _drip_until(clients, lambda: sum(len(c.open) for c in clients) <= sum(share))
         assert [len(c.open) for c in clients] == share
         assert hook.rejected("per_client") == sum(n for _, n, _, _ in shapes) - sum(share)
-        # A refused socket that dripped another byte before reading sees the server's close as
-        # a reset (Linux resets a close with unread data), which drops the 503 it had been
-        # sent: b"" there; the count above is the server's own.
-        refusals = {r.split(b"\r\n")[0] for c in clients for r in c.replies}
-        assert b"HTTP/1.0 503 Service Unavailable" in refusals
-        assert refusals <= {b"HTTP/1.0 503 Service Unavailable", b""}
+        # A refused socket that dripped another byte before reading may see the server's close
+        # as a reset (Linux resets a close with unread data), which drops the 503 it had been
+        # sent: b"" there; the count above is the server's own, every reply seen is a 503.
+        refusals = {r.split(b"\r\n")[0] for c in clients for r in c.replies} - {b""}
+        assert refusals <= {b"HTTP/1.0 503 Service Unavailable"}
         probe = exchange(hook.ops_port, b"GET /healthz HTTP/1.0\r\n\r\n")
         alert = exchange(hook.port, request_bytes(firing()))
         assert (probe, alert[0]) == ((200, b"ok\n"), 202)
