@@ -28,9 +28,10 @@ from runtime.advise.sweep import (
 from runtime.atomic_file import write_atomic
 from runtime.sim.traces import TraceError, demand_csv
 from runtime.tuner import advice, compaction, forge, gitrepo, prtext, signals
-from runtime.tuner.decisions import CycleDecision, NoOp, TunerState, apply_changes, decide
+from runtime.tuner.decisions import apply_changes, decide
 from runtime.tuner.manifests import PolicyChange, manifest_diff, whatif_comparison
 from runtime.tuner.prometheus import TraceQueryError, fetch_snapshot, production_samples
+from runtime.tuner.proposals import CycleDecision, NoOp, TunerState
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.state import load_state, save_state
