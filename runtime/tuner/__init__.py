@@ -1,13 +1,13 @@
 """The metrics-driven tuner: Prometheus windows -> pure decisions -> a policy branch with
 evidence (docs/tuner.md). ``decisions`` is the pure core; the other modules are its edges."""
 
-from runtime.tuner.decisions import (
+from runtime.tuner.decisions import decide
+from runtime.tuner.proposals import (
     CompactionRequest,
     CycleDecision,
     NoOp,
     Proposal,
     TunerState,
-    decide,
 )
 from runtime.tuner.settings import TunerSettings
 

@@ -21,7 +21,7 @@ from policy.tuner import AdviseLever
 from runtime.advise import levers, report
 from runtime.advise.front import Rated
 from runtime.advise.sweep import Sweep
-from runtime.tuner.decisions import NoOp, TunerState
+from runtime.tuner.proposals import NoOp, TunerState
 from runtime.tuner.prtext import BRANCH_PREFIX, manifest_section
 from runtime.tuner.yamledit import lookup, render
 

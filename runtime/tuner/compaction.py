@@ -31,7 +31,7 @@ from typing import Any
 
 from policy import PoolPolicy
 from runtime.kvcache.sidecar.compaction_request import KIND, VERSION
-from runtime.tuner.decisions import CompactionRequest
+from runtime.tuner.proposals import CompactionRequest
 
 TOKEN_ENV = "GPUPOOL_COMPACTION_TOKEN"
 """Environment variable holding the shared compaction token (``tuner.compaction_token_secret``)."""

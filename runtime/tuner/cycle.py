@@ -28,9 +28,10 @@ from runtime.advise.sweep import (
 from runtime.atomic_file import write_atomic
 from runtime.sim.traces import TraceError, demand_csv
 from runtime.tuner import advice, compaction, forge, gitrepo, prtext, signals
-from runtime.tuner.decisions import CycleDecision, NoOp, TunerState, apply_changes, decide
+from runtime.tuner.decisions import apply_changes, decide
 from runtime.tuner.manifests import PolicyChange, manifest_diff, whatif_comparison
 from runtime.tuner.prometheus import TraceQueryError, fetch_snapshot, production_samples
+from runtime.tuner.proposals import CycleDecision, NoOp, TunerState
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.state import load_state, save_state
@@ -292,28 +293,7 @@ def _advise(
     pick = advice.choose(front.recommend(rated))
     if isinstance(pick, NoOp):
         return skip(pick), state
-    edits = pick.point.variant.edits
-    source = f"{target.policy_path}@{cx.base_commit[:12]}"
-    new_text, new_document = edit_values(cx.base_text, edits)
-    after = parse_policy(new_document, f"{source} (advised)")
-    if after != parse_policy(
-        variant_document(policy, edits), f"{source} ({pick.point.variant.name})"
-    ):
-        raise RuntimeError(
-            f"{target.policy_path}: the edited file differs from the advised variant"
-        )
-    trace_path, plot_path = advice.artifact_paths(target.policy_path)
-    plot_link = plot_path
-    if forge_options is not None:
-        plot_link = forge.raw_file_url(
-            api_url=forge_options.api_url,
-            repository=forge_options.repository,
-            ref=branch,
-            path=plot_path,
-        )
-    change = PolicyChange(
-        target.repo, cx.base_commit, target.policy_path, policy, cx.base_text, new_text
-    )
+    new_text = _advised_text(cx, pick)
     title = advice.title(pick)
     body = advice.pr_body(
         sweep,
@@ -324,8 +304,13 @@ def _advise(
         window=lever.window,
         at=cx.at,
         samples=samples,
-        plot_link=plot_link,
-        manifest_diff=manifest_diff(change, target=target.render_target),
+        plot_link=_plot_link(target, branch, forge_options),
+        manifest_diff=manifest_diff(
+            PolicyChange(
+                target.repo, cx.base_commit, target.policy_path, policy, cx.base_text, new_text
+            ),
+            target=target.render_target,
+        ),
         vary=lever.vary,
     )
     report = replace(report, advice=title, branch=branch, body=body)
@@ -333,30 +318,77 @@ def _advise(
         report = replace(report, outcome="dry_run")
     else:
         plot = advise_report.plot(sweep, rated, pick)
-        files = {
-            target.policy_path: new_text.encode("utf-8"),
-            trace_path: trace.encode("utf-8"),
-            plot_path: plot,
-        }
-        commit = gitrepo.commit_files_on_new_branch(
-            target.repo,
-            base=cx.base_commit,
-            branch=branch,
-            files=files,
-            message=f"{title}\n\n{body}",
+        commit, body_path = _commit_advice(
+            cx, branch=branch, title=title, body=body, new_text=new_text, trace=trace, plot=plot
         )
-        stem = target.tuner_dir / "proposals" / branch.replace("/", "_")
-        write_atomic(stem.with_suffix(".md"), f"# {title}\n\n{body}")
-        write_atomic(stem.with_suffix(".csv"), trace)
-        stem.with_suffix(".png").write_bytes(plot)
-        report = replace(
-            report, outcome="created", commit=commit, body_path=stem.with_suffix(".md")
-        )
+        report = replace(report, outcome="created", commit=commit, body_path=body_path)
         state = replace(state, last_proposal_at=cx.at, last_proposal_branch=branch)
         if forge_options is not None:
             report = replace(report, pr_url=_open_pr(target, forge_options, title, body, branch))
     metrics.proposals.labels(advice.RULE, report.outcome or "").inc()
     return report, state
+
+
+def _advised_text(cx: _AdviseContext, pick: front.Rated) -> str:
+    """The policy file with the pick's edits spliced in, checked to parse to the variant
+    the sweep replayed."""
+    target, edits = cx.target, pick.point.variant.edits
+    source = f"{target.policy_path}@{cx.base_commit[:12]}"
+    new_text, new_document = edit_values(cx.base_text, edits)
+    after = parse_policy(new_document, f"{source} (advised)")
+    if after != parse_policy(
+        variant_document(cx.policy, edits), f"{source} ({pick.point.variant.name})"
+    ):
+        raise RuntimeError(
+            f"{target.policy_path}: the edited file differs from the advised variant"
+        )
+    return new_text
+
+
+def _plot_link(target: Target, branch: str, forge_options: ForgeOptions | None) -> str:
+    """Where the body's plot points: its raw file on the forge's branch, else its path."""
+    _, plot_path = advice.artifact_paths(target.policy_path)
+    if forge_options is None:
+        return plot_path
+    return forge.raw_file_url(
+        api_url=forge_options.api_url,
+        repository=forge_options.repository,
+        ref=branch,
+        path=plot_path,
+    )
+
+
+def _commit_advice(
+    cx: _AdviseContext,
+    *,
+    branch: str,
+    title: str,
+    body: str,
+    new_text: str,
+    trace: str,
+    plot: bytes,
+) -> tuple[str, Path]:
+    """The proposal's branch (policy, trace and plot) and the tuner's copies of its body,
+    trace and plot: (the commit, the body's path)."""
+    target = cx.target
+    trace_path, plot_path = advice.artifact_paths(target.policy_path)
+    files = {
+        target.policy_path: new_text.encode("utf-8"),
+        trace_path: trace.encode("utf-8"),
+        plot_path: plot,
+    }
+    commit = gitrepo.commit_files_on_new_branch(
+        target.repo,
+        base=cx.base_commit,
+        branch=branch,
+        files=files,
+        message=f"{title}\n\n{body}",
+    )
+    stem = target.tuner_dir / "proposals" / branch.replace("/", "_")
+    write_atomic(stem.with_suffix(".md"), f"# {title}\n\n{body}")
+    write_atomic(stem.with_suffix(".csv"), trace)
+    stem.with_suffix(".png").write_bytes(plot)
+    return commit, stem.with_suffix(".md")
 
 
 def _sweep_production(cx: _AdviseContext) -> tuple[Sweep, str, int] | NoOp:

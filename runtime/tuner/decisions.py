@@ -8,6 +8,10 @@ proposes at most one policy change (safety first: an eviction storm outranks KV 
 which outranks more flex replicas), and none inside the cooldown after the last proposal.
 Every proposed policy is validated with the policy's own invariants before it is returned.
 
+Every rule takes one ``RuleContext`` and runs as phases of its own (gather the windows,
+check persistence, vetoes, choose the lever, build the outcome); the words of every
+outcome are ``rule_text``'s (docs/design/tuner-rules.md).
+
 Every policy change is one step of a ``Lever`` (``LEVERS``): the fields the tuner may move,
 each of which changes what the cluster does (a recording rule, an HPA or a flex
 Deployment's arguments), not only the policy's own ConfigMap copy.
@@ -23,90 +27,109 @@ from policy import PolicyError, PoolPolicy, parse_policy
 from policy.base import duration_seconds
 from policy.workloads import FlexWorkload
 from runtime.metrics import catalogue, evictions
+from runtime.tuner import rule_text
+from runtime.tuner.proposals import (
+    Change,
+    CompactionRequest,
+    CycleDecision,
+    Evidence,
+    NoOp,
+    Outcome,
+    PolicyPath,
+    Proposal,
+    TunerState,
+)
+from runtime.tuner.rule_text import ProposalText
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.signals import split
 from runtime.tuner.snapshot import MetricsSnapshot, Unusable, Window, check, usable
 from runtime.vllm import BackendError, KvPlanError, ModelSpec, plan_kv_cache
 
-PolicyPath = tuple[str | int, ...]
-"""Path of a scalar in the policy document, e.g. ``("elastic", "shed_while_production_above")``."""
+__all__ = [
+    "LEVERS",
+    "REASON_LABEL",
+    "Change",
+    "CompactionRequest",
+    "CycleDecision",
+    "Evidence",
+    "Lever",
+    "NoOp",
+    "Outcome",
+    "PolicyPath",
+    "Proposal",
+    "RuleContext",
+    "TunerState",
+    "apply_changes",
+    "decide",
+    "eviction_storm",
+    "idle_flex_demand",
+    "kv_capacity",
+]
+"""The values live in ``proposals``; they are importable from here as before."""
+
+EVICTION_STORM = "eviction-storm"
+KV_HIT_RATE = "kv-hit-rate"
+IDLE_FLEX_DEMAND = "idle-flex-demand"
+"""Rule names: the proposals' and no-ops' ``rule``, the metrics' label, the branch prefix."""
 
 
 @dataclass(frozen=True)
-class Change:
-    """One scalar of the policy, before and after, and the lever that moved it."""
+class RuleContext:
+    """Everything a rule may read: one cycle's policy, windows, memory, settings and the
+    committed model configs (each workload's, by name; the KV rule sizes its cache)."""
 
-    path: PolicyPath
-    before: float
-    after: float
-    lever: str = ""
-    """``Lever.name`` of the step that made this change."""
+    policy: PoolPolicy
+    snapshot: MetricsSnapshot
+    settings: TunerSettings
+    state: TunerState = field(default_factory=TunerState)
+    models: Mapping[str, ModelSpec] = field(default_factory=dict)
 
     @property
-    def dotted(self) -> str:
-        return ".".join(str(p) for p in self.path)
+    def persistence(self) -> float:
+        return self.settings.persistence
 
+    @property
+    def eviction_limit(self) -> float:
+        """The alert's flex eviction rate limit, per minute."""
+        return self.policy.alerting.thresholds.flex_eviction_rate.per_minute_max
 
-@dataclass(frozen=True)
-class Evidence:
-    """A window that backed a decision and the condition it met."""
+    def usable(self, name: str) -> Window | Unusable:
+        """The combined window of ``name``, or why it cannot be trusted."""
+        stale_after_s, min_observation_s = self._limits()
+        return usable(
+            self.snapshot, name, stale_after_s=stale_after_s, min_observation_s=min_observation_s
+        )
 
-    series: str
-    condition: str
-    summary: str
+    def windows(self, names: Sequence[str]) -> list[Window]:
+        """The windows of ``names``; raises ``_Missing`` on the first that is unusable."""
+        found = []
+        for name in names:
+            got = self.usable(name)
+            if isinstance(got, Unusable):
+                raise _Missing(got)
+            found.append(got)
+        return found
 
+    def split(self, name: str, by: Sequence[str]) -> dict[tuple[str, ...], Window]:
+        """The usable windows of ``name`` per value tuple of ``by``; unusable splits (an
+        instance that started recently, a workload gone stale) are left out."""
+        stale_after_s, min_observation_s = self._limits()
+        out = {}
+        for key, window in split(self.snapshot, name, by).items():
+            got = check(
+                window,
+                window.name,
+                at=self.snapshot.at,
+                stale_after_s=stale_after_s,
+                min_observation_s=min_observation_s,
+            )
+            if isinstance(got, Window):
+                out[key] = got
+        return out
 
-@dataclass(frozen=True)
-class Proposal:
-    """A reviewed policy change the tuner wants; becomes a branch and a PR."""
-
-    rule: str
-    title: str
-    changes: tuple[Change, ...]
-    rationale: str
-    expected_effect: str
-    evidence: tuple[Evidence, ...]
-    adds_flex_load: bool
-
-
-@dataclass(frozen=True)
-class CompactionRequest:
-    """Ask the KV compaction worker to compact: the cache is sparse, not short."""
-
-    reason: str
-    evidence: tuple[Evidence, ...]
-
-
-@dataclass(frozen=True)
-class NoOp:
-    """A rule that decided nothing, and why; ``fail_closed`` names the bad data's kind."""
-
-    rule: str
-    reason: str
-    fail_closed: str | None = None
-
-
-Outcome = Proposal | CompactionRequest | NoOp
-
-
-@dataclass(frozen=True)
-class TunerState:
-    """What the tuner remembers between cycles (persisted by the state edge)."""
-
-    last_proposal_at: float | None = None
-    last_proposal_branch: str | None = None
-    last_compaction_at: float | None = None
-    last_advise_at: float | None = None
-    """When the advise lever last finished a sweep (``tuner.advise.every`` counts from it)."""
-
-
-@dataclass(frozen=True)
-class CycleDecision:
-    """The outcome of one cycle: at most one proposal, maybe a compaction request, and why."""
-
-    proposal: Proposal | None
-    compaction: CompactionRequest | None
-    noops: tuple[NoOp, ...] = field(default_factory=tuple)
+    def _limits(self) -> tuple[float, float]:
+        interval_s = duration_seconds(self.policy.metrics.evaluation_interval)
+        return self.settings.stale_after_intervals * interval_s, self.settings.min_observation_s
 
 
 # --- levers: the only policy fields the tuner moves ----------------------------------------
@@ -218,7 +241,7 @@ LEVERS: tuple[Lever, ...] = (
 """Every lever the tuner can propose; a proposal's changes all come from one of these."""
 
 
-# --- windows --------------------------------------------------------------------------------
+# --- shared phases --------------------------------------------------------------------------
 
 
 class _Missing(Exception):
@@ -226,64 +249,32 @@ class _Missing(Exception):
         self.unusable = unusable
 
 
-def _limits(policy: PoolPolicy, settings: TunerSettings) -> tuple[float, float]:
-    interval_s = duration_seconds(policy.metrics.evaluation_interval)
-    return settings.stale_after_intervals * interval_s, settings.min_observation_s
-
-
-def _usable(
-    policy: PoolPolicy, snapshot: MetricsSnapshot, settings: TunerSettings, name: str
-) -> Window | Unusable:
-    stale_after_s, min_observation_s = _limits(policy, settings)
-    return usable(snapshot, name, stale_after_s=stale_after_s, min_observation_s=min_observation_s)
-
-
-def _windows(
-    policy: PoolPolicy, snapshot: MetricsSnapshot, settings: TunerSettings, names: Sequence[str]
-) -> list[Window]:
-    found = []
-    for name in names:
-        got = _usable(policy, snapshot, settings, name)
-        if isinstance(got, Unusable):
-            raise _Missing(got)
-        found.append(got)
-    return found
-
-
-def _split(
-    policy: PoolPolicy,
-    snapshot: MetricsSnapshot,
-    settings: TunerSettings,
-    name: str,
-    by: Sequence[str],
-) -> dict[tuple[str, ...], Window]:
-    """The usable windows of ``name`` per value tuple of ``by``; unusable splits (an instance
-    that started recently, a workload gone stale) are left out."""
-    stale_after_s, min_observation_s = _limits(policy, settings)
-    out = {}
-    for key, window in split(snapshot, name, by).items():
-        got = check(
-            window,
-            window.name,
-            at=snapshot.at,
-            stale_after_s=stale_after_s,
-            min_observation_s=min_observation_s,
-        )
-        if isinstance(got, Window):
-            out[key] = got
-    return out
-
-
 def _noop_for(rule: str, missing: _Missing, what: str) -> NoOp:
     u = missing.unusable
-    kind = None if u.kind == "short" else u.kind
-    verb = "not enough history" if kind is None else "fail closed"
-    return NoOp(rule, f"{verb}: {u.reason}; {what}", kind)
+    return NoOp(rule, rule_text.unusable(u, what), None if u.kind == "short" else u.kind)
 
 
 def _sustained(window: Window, test: Callable[[float], bool], condition: str) -> Evidence:
     return Evidence(
-        window.name, f"{condition} in {window.share(test):.0%} of samples", window.summary()
+        window.name, rule_text.sustained(window.share(test), condition), window.summary()
+    )
+
+
+def _proposal(
+    rule: str,
+    text: ProposalText,
+    changes: tuple[Change, ...],
+    evidence: Sequence[Evidence],
+    lever: Lever,
+) -> Proposal:
+    return Proposal(
+        rule,
+        text.title,
+        changes,
+        text.why,
+        text.effect,
+        tuple(evidence),
+        adds_flex_load=lever.adds_flex_load,
     )
 
 
@@ -298,27 +289,66 @@ def apply_changes(policy: PoolPolicy, changes: Sequence[Change]) -> PoolPolicy:
     return parse_policy(document, "<proposed policy>")
 
 
+def _valid_step(cx: RuleContext, lever: Lever) -> tuple[tuple[Change, ...], str]:
+    """The lever's next step if the policy's own invariants accept it, else no change and
+    why not ("" when the lever is at the tuner's bound)."""
+    changes = lever.steps(cx.policy, cx.settings)
+    if not changes:
+        return (), ""
+    try:
+        apply_changes(cx.policy, changes)
+    except PolicyError as exc:
+        return (), rule_text.refused(changes[0].dotted, changes[0].after, exc)
+    return changes, ""
+
+
 # --- eviction storm -------------------------------------------------------------------------
 
 REASON_LABEL = "reason"
 """Label of ``gpupool:flex_evictions:per_minute`` naming the canonical reason."""
 
 
+def _eviction_storm(cx: RuleContext) -> Proposal | NoOp:
+    """Sustained flex evictions above the alert limit: one bounded step of the lever the
+    dominant reason calls for (docs/tuner.md "Eviction storm: which lever").
+
+    Only scheduler preemption has a pool.yaml lever, and its answer is always that flex give
+    GPUs back EARLIER (shedding is not counted as an eviction; shedding later means more
+    preemption): raise the production reserve; with the reserve at its bound and
+    production's utilization persistently at or near the shed threshold, lower
+    ``shed_while_production_above``; otherwise a no-op naming the bounds. Eviction-API,
+    kubelet and node-failure storms are no-ops naming the cause for a person.
+    """
+    limit = cx.eviction_limit
+    try:
+        (total,) = cx.windows([catalogue.FLEX_EVICTIONS])
+    except _Missing as missing:
+        return _noop_for(EVICTION_STORM, missing, "cannot judge evictions")
+    above = total.share(lambda v: v > limit)
+    if above < cx.persistence:
+        return NoOp(EVICTION_STORM, rule_text.storm_not_sustained(limit, above, cx.persistence))
+    dominant = _dominant_reason(cx, total, limit)
+    if dominant is None:
+        return NoOp(EVICTION_STORM, rule_text.storm_without_reasons(REASON_LABEL))
+    reason, led, window = dominant
+    if reason != evictions.PREEMPTION:
+        return NoOp(EVICTION_STORM, rule_text.cause_for_a_person(cx.policy, reason, led, limit))
+    evidence = (
+        _sustained(total, lambda v: v > limit, f"> {limit}/min"),
+        Evidence(window.name, rule_text.top_reason(led), window.summary()),
+    )
+    return _preemption_storm(cx, evidence)
+
+
 def _dominant_reason(
-    policy: PoolPolicy,
-    snapshot: MetricsSnapshot,
-    settings: TunerSettings,
-    total: Window,
-    limit: float,
+    cx: RuleContext, total: Window, limit: float
 ) -> tuple[str, float, Window] | None:
     """The reason with the most evictions in most of the storm's samples (one vote per sample
     above the limit, so a burst of another reason in one sample cannot steer the lever), the
     share of storm samples it led, and its window. Ties go to ``evictions.PRECEDENCE``."""
     by_reason = {
         key[0]: window
-        for key, window in _split(
-            policy, snapshot, settings, catalogue.FLEX_EVICTIONS, (REASON_LABEL,)
-        ).items()
+        for key, window in cx.split(catalogue.FLEX_EVICTIONS, (REASON_LABEL,)).items()
     }
     if not by_reason:
         return None
@@ -341,128 +371,7 @@ def _dominant_reason(
     return reason, votes[reason] / len(storm), by_reason[reason]
 
 
-def _cause_for_a_person(policy: PoolPolicy, reason: str, led: float, limit: float) -> str:
-    """Why an eviction storm of ``reason`` has no pool.yaml lever, and where a person looks
-    (the same remedies as docs/runbooks.md, FlexEvictionRateHigh)."""
-    shown = repr(reason) if reason else "(no reason label)"
-    head = (
-        f"sustained flex evictions above {limit}/min, mostly {shown} (the top reason in "
-        f"{led:.0%} of the storm's samples)"
-    )
-    tail = "no pool.yaml threshold changes that, so the tuner proposes nothing; a person must look"
-    if reason == evictions.EVICTION_API:
-        pools = "; ".join(
-            f"node_pools[{p.name}].karpenter: consolidation_policy "
-            f"{p.karpenter.consolidation_policy}, consolidate_after "
-            f"{p.karpenter.consolidate_after}, disruption_budget_nodes "
-            f"{p.karpenter.disruption_budget_nodes}, capacity_types "
-            f"{list(p.karpenter.capacity_types)}"
-            for p in policy.flex_pools
-        )
-        hint = ""
-        if any(p.karpenter.consolidation_policy != "WhenEmpty" for p in policy.flex_pools):
-            hint = (
-                " WhenEmptyOrUnderutilized lets Karpenter move running flex pods: WhenEmpty "
-                "never does."
-            )
-        return (
-            f"{head}: the Eviction API (kubectl drain or upgrades, Karpenter consolidation, "
-            "drift or spot interruption; PodDisruptionBudgets apply, "
-            f"disruption.pdb_min_available {policy.disruption.pdb_min_available}). Find which "
-            "in Karpenter's events and karpenter_nodeclaims_disrupted_total by reason; "
-            f"{pools} (rendered for the karpenter target only).{hint} {tail}"
-        )
-    if reason == evictions.KUBELET:
-        memory = ", ".join(f"{w.name} {w.resources.memory}" for w in policy.workloads)
-        return (
-            f"{head}: the kubelet evicted pods for node pressure (memory, disk, PIDs) or a "
-            "graceful node shutdown. Check the flex nodes' conditions and eviction events "
-            "(kubectl describe node), the flex containers' memory against their real use "
-            f"(workloads[].resources.memory: {memory or 'none'}; the KV offload's host "
-            f"memory, kv_cache.offload_host_gib {policy.kv_cache.offload_host_gib}, counts "
-            f"against the pod) and ephemeral storage; {tail}"
-        )
-    if reason == evictions.NODE:
-        return (
-            f"{head}: node failures (pods deleted off NotReady or unreachable nodes by the "
-            "taint manager, lost or shut-down nodes). Check the flex nodes' health and the "
-            f"cloud provider's events; {tail}"
-        )
-    return (
-        f"{head}: a reason without a canonical mapping (NodeAffinity, "
-        "UnexpectedAdmissionError or one added to metrics.eviction_reasons / "
-        "disruption_reasons); kube_pod_status_reason and kube_pod_status_disruption_reason "
-        f"of the flex pods name it; {tail}"
-    )
-
-
-def eviction_storm(
-    *, policy: PoolPolicy, snapshot: MetricsSnapshot, settings: TunerSettings
-) -> Proposal | NoOp:
-    """Sustained flex evictions above the alert limit: one bounded step of the lever the
-    dominant reason calls for (docs/tuner.md "Eviction storm: which lever").
-
-    Only scheduler preemption has a pool.yaml lever, and its answer is always that flex give
-    GPUs back EARLIER (shedding is not counted as an eviction; shedding later means more
-    preemption): raise the production reserve; with the reserve at its bound and
-    production's utilization persistently at or near the shed threshold, lower
-    ``shed_while_production_above``; otherwise a no-op naming the bounds. Eviction-API,
-    kubelet and node-failure storms are no-ops naming the cause for a person.
-    """
-    rule = "eviction-storm"
-    limit = policy.alerting.thresholds.flex_eviction_rate.per_minute_max
-    try:
-        (total,) = _windows(policy, snapshot, settings, [catalogue.FLEX_EVICTIONS])
-    except _Missing as missing:
-        return _noop_for(rule, missing, "cannot judge evictions")
-    above = total.share(lambda v: v > limit)
-    if above < settings.persistence:
-        return NoOp(
-            rule,
-            f"evictions above {limit}/min in {above:.0%} of samples, "
-            f"below the {settings.persistence:.0%} needed to call it sustained",
-        )
-    evidence = [_sustained(total, lambda v: v > limit, f"> {limit}/min")]
-    dominant = _dominant_reason(policy, snapshot, settings, total, limit)
-    if dominant is None:
-        return NoOp(
-            rule,
-            f"sustained evictions, but {catalogue.FLEX_EVICTIONS} has no usable per-"
-            f"{REASON_LABEL} series: the lever depends on the reason, so none is taken",
-        )
-    reason, led, window = dominant
-    if reason != evictions.PREEMPTION:
-        return NoOp(rule, _cause_for_a_person(policy, reason, led, limit))
-    evidence.append(
-        Evidence(
-            window.name, f"the top reason in {led:.0%} of the storm's samples", window.summary()
-        )
-    )
-    return _preemption_storm(policy, snapshot, settings, evidence, limit)
-
-
-def _valid_step(
-    policy: PoolPolicy, lever: Lever, settings: TunerSettings
-) -> tuple[tuple[Change, ...], str]:
-    """The lever's next step if the policy's own invariants accept it, else no change and
-    why not ("" when the lever is at the tuner's bound)."""
-    changes = lever.steps(policy, settings)
-    if not changes:
-        return (), ""
-    try:
-        apply_changes(policy, changes)
-    except PolicyError as exc:
-        return (), f"the policy refuses {changes[0].dotted} {changes[0].after:g}: {exc}"
-    return changes, ""
-
-
-def _preemption_storm(
-    policy: PoolPolicy,
-    snapshot: MetricsSnapshot,
-    settings: TunerSettings,
-    evidence: list[Evidence],
-    limit: float,
-) -> Proposal | NoOp:
+def _preemption_storm(cx: RuleContext, evidence: tuple[Evidence, ...]) -> Proposal | NoOp:
     """Production preempts flex: make flex give its GPUs back before production needs them.
 
     1. Raise the prod pool's ``reserve_ratio`` (the budget sheds flex whenever unallocated
@@ -476,125 +385,93 @@ def _preemption_storm(
     Every lever here keeps less flex, so none needs a veto and none waits for
     production-pending data.
     """
-    rule = "eviction-storm"
-    persistence = settings.persistence
-    reserve = policy.prod_pool.reserve_ratio
-    got_pending = _usable(policy, snapshot, settings, catalogue.PROD_PODS_PENDING)
-    support: tuple[Evidence, ...] = ()
-    if isinstance(got_pending, Window):
-        waited = got_pending.share(lambda v: v > 0)
-        support = (_sustained(got_pending, lambda v: v > 0, "> 0 pending"),)
-        if waited >= persistence:
-            seen = (
-                f"production pods were also pending in {waited:.0%} of the samples: production "
-                "bursts collide with flex"
-            )
-        else:
-            seen = (
-                f"production pods were pending in {waited:.0%} of the samples; a preemptor is "
-                "placed within seconds, so a sample rarely sees it wait"
-            )
-    else:
-        seen = (
-            f"production-pending data is unusable ({got_pending.reason}); this lever keeps "
-            "less flex, so it does not need it"
-        )
-
-    changes, refused = _valid_step(policy, PROD_RESERVE, settings)
+    seen, support = _pending_story(cx)
+    changes, refusal = _valid_step(cx, PROD_RESERVE)
+    reserve = cx.policy.prod_pool.reserve_ratio
     if changes:
-        after = changes[0].after
-        return Proposal(
-            rule,
-            f"Raise the production reserve to {after:g} (flex preempted above {limit}/min)",
-            changes,
-            "The scheduler preempted flex pods persistently: each preemption is production "
-            f"taking GPUs flex held, and {seen}. The budget rule sheds flex whenever the "
-            "unallocated GPUs fall under every pool's reserve, ahead of production; a larger "
-            "production reserve makes flex give GPUs back earlier, so production finds them "
-            "free instead of preempting. (Shedding later, with a higher "
-            "shed_while_production_above or a longer HPA scale-down window, would keep flex "
-            "on those GPUs longer: more preemption.)",
-            f"Fewer flex preemptions; flex loses up to {after - reserve:.0%} of the production "
-            "pool as usable headroom.",
-            (*evidence, *support),
-            adds_flex_load=PROD_RESERVE.adds_flex_load,
+        text = rule_text.raise_reserve(
+            reserve=reserve, after=changes[0].after, limit=cx.eviction_limit, seen=seen
         )
-    reserve_bound = (
-        f"reserve_ratio {reserve:g} cannot rise: {refused}"
-        if refused
-        else f"reserve_ratio {reserve:g} is at its bound (reserve_ratio_max "
-        f"{settings.reserve_ratio_max:g})"
-    )
-    person = (
-        "run fewer flex replicas (workloads[].max_replicas) where production bursts, or give "
-        "production more nodes; a person must look"
-    )
-    got_utilization = _usable(policy, snapshot, settings, catalogue.PRODUCTION_GPU_UTILIZATION)
-    if isinstance(got_utilization, Unusable):
-        return _noop_for(
-            rule,
-            _Missing(got_utilization),
-            f"sustained flex preemption, but {reserve_bound} and the shed threshold is only "
-            "lowered on production utilization that persisted; " + person,
+        return _proposal(EVICTION_STORM, text, changes, (*evidence, *support), PROD_RESERVE)
+    bound = rule_text.reserve_bound(reserve, refusal, cx.settings)
+    return _shed_earlier(cx, evidence, support, seen=seen, reserve_bound=bound)
+
+
+def _pending_story(cx: RuleContext) -> tuple[str, tuple[Evidence, ...]]:
+    """What production-pending data says of a preemption storm, and its evidence row (none
+    when the window is unusable: the levers here keep less flex and do not need it)."""
+    pending = cx.usable(catalogue.PROD_PODS_PENDING)
+    if isinstance(pending, Unusable):
+        return rule_text.pending_seen(pending, 0.0, cx.persistence), ()
+    waited = pending.share(lambda v: v > 0)
+    support = (_sustained(pending, lambda v: v > 0, "> 0 pending"),)
+    return rule_text.pending_seen(pending, waited, cx.persistence), support
+
+
+def _shed_earlier(
+    cx: RuleContext,
+    evidence: tuple[Evidence, ...],
+    support: tuple[Evidence, ...],
+    *,
+    seen: str,
+    reserve_bound: str,
+) -> Proposal | NoOp:
+    """The reserve at its bound: lower the shed threshold when production's utilization
+    persistently reached it less the margin, else a no-op naming the bounds."""
+    got = cx.usable(catalogue.PRODUCTION_GPU_UTILIZATION)
+    if isinstance(got, Unusable):
+        what = rule_text.shed_needs_utilization(reserve_bound)
+        return _noop_for(EVICTION_STORM, _Missing(got), what)
+    shed = cx.policy.elastic.shed_while_production_above
+    grow = cx.policy.elastic.grow_while_production_below
+    band = round(shed - cx.settings.ratio_margin, 4)
+    near = got.share(lambda v: v >= band)
+    if near < cx.persistence:
+        reason = rule_text.shed_would_not_matter(
+            reserve_bound=reserve_bound, band=band, near=near, persistence=cx.persistence, shed=shed
         )
-    utilization = got_utilization
-    shed = policy.elastic.shed_while_production_above
-    band = round(shed - settings.ratio_margin, 4)
-    near = utilization.share(lambda v: v >= band)
-    if near < persistence:
-        return NoOp(
-            rule,
-            f"sustained flex preemption, but {reserve_bound}, and production utilization "
-            f"reached shed_while_production_above - margin ({band:g}) in {near:.0%} of "
-            f"samples, below the {persistence:.0%} that would make lowering the shed "
-            f"threshold ({shed:g}) matter; " + person,
-        )
-    changes, refused = _valid_step(policy, SHED_THRESHOLD, settings)
+        return NoOp(EVICTION_STORM, reason)
+    changes, refusal = _valid_step(cx, SHED_THRESHOLD)
     if not changes:
-        floor = _shed_threshold_floor(policy, settings)
-        grow = policy.elastic.grow_while_production_below
-        shed_bound = (
-            f"shed_while_production_above {shed:g} cannot fall: {refused}"
-            if refused
-            else f"shed_while_production_above {shed:g} is at its bound {floor:g} (the higher "
-            f"of shed_threshold_min {settings.shed_threshold_min:g} and "
-            f"grow_while_production_below {grow:g} + ratio_margin {settings.ratio_margin:g})"
+        reason = rule_text.every_lever_at_its_bound(
+            reserve_bound=reserve_bound,
+            shed=shed,
+            refusal=refusal,
+            floor=_shed_threshold_floor(cx.policy, cx.settings),
+            grow=grow,
+            settings=cx.settings,
         )
-        return NoOp(
-            rule,
-            "sustained flex preemption with production utilization near the shed threshold, "
-            f"but every lever is at its bound: {reserve_bound}; {shed_bound}; " + person,
-        )
-    after = changes[0].after
-    grow = policy.elastic.grow_while_production_below
-    return Proposal(
-        rule,
-        f"Lower elastic.shed_while_production_above to {after:g} "
-        f"(flex preempted above {limit}/min)",
-        changes,
-        f"The scheduler preempted flex pods persistently and {reserve_bound}. Production's "
-        f"GPU utilization stayed at or above the shed threshold less the margin ({band:g}) "
-        f"in {near:.0%} of the samples: flex kept its GPUs until production crossed "
-        f"{shed:g}, and production took them by preemption first. Lowering the threshold "
-        f"makes flex shed one HPA step from {after:g}, ahead of production ({seen}). The band "
-        f"stays {grow:g}-{after:g}.",
-        f"Fewer flex preemptions; flex sheds while production keeps more than {after:g} "
-        f"(not {shed:g}) of the pools' GPUs busy.",
-        (
-            *evidence,
-            _sustained(utilization, lambda v: v >= band, f">= shed threshold - margin ({band:g})"),
-            *support,
-        ),
-        adds_flex_load=SHED_THRESHOLD.adds_flex_load,
+        return NoOp(EVICTION_STORM, reason)
+    text = rule_text.lower_shed_threshold(
+        after=changes[0].after,
+        limit=cx.eviction_limit,
+        reserve_bound=reserve_bound,
+        band=band,
+        near=near,
+        shed=shed,
+        seen=seen,
+        grow=grow,
+    )
+    near_band = _sustained(got, lambda v: v >= band, rule_text.shed_band(band))
+    return _proposal(
+        EVICTION_STORM, text, changes, (*evidence, near_band, *support), SHED_THRESHOLD
     )
 
 
 # --- idle production with queued flex demand ------------------------------------------------
 
+_IDLE_SERIES = (
+    catalogue.PRODUCTION_GPU_UTILIZATION,
+    catalogue.VLLM_QUEUE_DEPTH,
+    catalogue.FLEX_HEADROOM_GPUS,
+    catalogue.PROD_PODS_PENDING,
+    catalogue.FLEX_EVICTIONS,
+    catalogue.FLEX_HPA_AT_MAX,
+)
+"""The six series ``idle_flex_demand`` needs fresh proof of, in the order it unpacks them."""
 
-def idle_flex_demand(
-    *, policy: PoolPolicy, snapshot: MetricsSnapshot, settings: TunerSettings
-) -> Proposal | NoOp:
+
+def _idle_flex_demand(cx: RuleContext) -> Proposal | NoOp:
     """Production persistently below the grow threshold while flex requests queue and the
     HPA runs at its bound: widen the bounds of the workloads at their bound, within their
     flex pools' GPU capacity.
@@ -603,61 +480,51 @@ def idle_flex_demand(
     queue, idle flex GPUs to grow into (headroom), no pending production pod and no eviction
     storm (both single-sample vetoes), and the HPA at maxReplicas (per workload).
     """
-    rule = "idle-flex-demand"
     try:
-        utilization, queue, headroom, pending, flex_evictions, _at_max = _windows(
-            policy,
-            snapshot,
-            settings,
-            [
-                catalogue.PRODUCTION_GPU_UTILIZATION,
-                catalogue.VLLM_QUEUE_DEPTH,
-                catalogue.FLEX_HEADROOM_GPUS,
-                catalogue.PROD_PODS_PENDING,
-                catalogue.FLEX_EVICTIONS,
-                catalogue.FLEX_HPA_AT_MAX,
-            ],
-        )
+        utilization, queue, headroom, pending, flex_evictions, _at_max = cx.windows(_IDLE_SERIES)
     except _Missing as missing:
-        return _noop_for(rule, missing, "no change that adds flex load")
-    persistence = settings.persistence
-    below = round(policy.elastic.grow_while_production_below - settings.ratio_margin, 4)
+        return _noop_for(IDLE_FLEX_DEMAND, missing, "no change that adds flex load")
+    persistence, limit = cx.persistence, cx.eviction_limit
+    below = round(cx.policy.elastic.grow_while_production_below - cx.settings.ratio_margin, 4)
     idle = utilization.share(lambda v: v < below)
     queued = queue.share(lambda v: v > 0)
-    limit = policy.alerting.thresholds.flex_eviction_rate.per_minute_max
     if idle < persistence or queued < persistence:
-        return NoOp(
-            rule,
-            f"production utilization below {below:g} in {idle:.0%} and flex requests queued "
-            f"in {queued:.0%} of samples; both must reach {persistence:.0%}",
+        reason = rule_text.not_idle_or_not_queued(
+            below=below, idle=idle, queued=queued, persistence=persistence
         )
+        return NoOp(IDLE_FLEX_DEMAND, reason)
     # Vetoes (one sample suffices): more flex must never meet waiting production or a storm.
     if max(pending.values) > 0 or max(flex_evictions.values) > limit:
-        return NoOp(
-            rule,
-            "production looks idle but production pods were pending or flex evictions "
-            f"exceeded {limit}/min in at least one sample (a veto): no more flex",
-        )
+        return NoOp(IDLE_FLEX_DEMAND, rule_text.flex_vetoed(limit))
     if headroom.share(lambda v: v > 0) < persistence:
-        return NoOp(
-            rule,
-            "flex requests queue but the flex pools had no idle GPUs (flex_headroom_gpus) "
-            "to grow into; more replicas would stay pending",
-        )
-    steps = FLEX_MAX_REPLICAS.steps(policy, settings)
+        return NoOp(IDLE_FLEX_DEMAND, rule_text.no_headroom())
+    steps = FLEX_MAX_REPLICAS.steps(cx.policy, cx.settings)
     if not steps:
-        return NoOp(
-            rule,
-            "flex demand is queued but every workload's max_replicas is auto or already "
-            "fills the GPUs of its pools; add flex nodes (node_pools.*.max_nodes) or lend a "
-            "prod pool (node_pools.*.lend_idle)",
-        )
-    queues = _split(
-        policy, snapshot, settings, catalogue.VLLM_QUEUE_DEPTH, (policy.metrics.workload_label,)
+        return NoOp(IDLE_FLEX_DEMAND, rule_text.no_replica_step())
+    changes, per_workload, skipped = _capped_workloads(cx, steps)
+    if not changes:
+        return NoOp(IDLE_FLEX_DEMAND, rule_text.no_workload_capped(persistence, skipped))
+    added = sum(int(c.after - c.before) for c in changes)
+    text = rule_text.widen_replicas(below=below, skipped=skipped, added=added)
+    evidence = (
+        _sustained(utilization, lambda v: v < below, f"< {below:g}"),
+        _sustained(queue, lambda v: v > 0, "> 0 queued"),
+        _sustained(headroom, lambda v: v > 0, "> 0 idle flex GPUs"),
+        _sustained(pending, lambda v: v == 0, "no production pending"),
+        _sustained(flex_evictions, lambda v: v <= limit, f"<= {limit}/min"),
+        *per_workload,
     )
-    bounds = _split(
-        policy, snapshot, settings, catalogue.FLEX_HPA_AT_MAX, (catalogue.BUDGET_LABEL,)
-    )
+    return _proposal(IDLE_FLEX_DEMAND, text, changes, evidence, FLEX_MAX_REPLICAS)
+
+
+def _capped_workloads(
+    cx: RuleContext, steps: tuple[Change, ...]
+) -> tuple[tuple[Change, ...], list[Evidence], list[str]]:
+    """Of the lever's steps, those of workloads whose own HPA ran at maxReplicas AND whose
+    own requests queued persistently (their evidence), and the others, described."""
+    policy, persistence = cx.policy, cx.persistence
+    queues = cx.split(catalogue.VLLM_QUEUE_DEPTH, (policy.metrics.workload_label,))
+    bounds = cx.split(catalogue.FLEX_HPA_AT_MAX, (catalogue.BUDGET_LABEL,))
     changes, per_workload, skipped = [], [], []
     for change in steps:
         workload = policy.workloads[int(change.path[1])]
@@ -670,38 +537,88 @@ def idle_flex_demand(
             per_workload.append(_sustained(waiting, lambda v: v > 0, "> 0 queued"))
         else:
             share = 0.0 if at_max is None else at_max.share(lambda v: v >= 1)
-            skipped.append(f"{workload.name} (HPA at maxReplicas in {share:.0%}, queued: {demand})")
-    if not changes:
-        return NoOp(
-            rule,
-            "flex requests queue, but no workload both ran its HPA at maxReplicas and queued "
-            f"requests in {persistence:.0%} of samples ({catalogue.FLEX_HPA_AT_MAX}): "
-            f"max_replicas is not what caps them; {', '.join(skipped)}",
-        )
-    added = sum(int(c.after - c.before) for c in changes)
-    return Proposal(
-        rule,
-        "Widen flex replica bounds (idle production, queued flex requests, HPA at its bound)",
-        tuple(changes),
-        f"Production's GPU utilization stayed below grow_while_production_below - margin "
-        f"({below:g}) while flex requests queued and the HPA ran at maxReplicas, no "
-        "production pod waited and evictions stayed within the limit: the HPA is capped by "
-        "max_replicas, not by the cluster."
-        + (f" Not widened: {', '.join(skipped)}." if skipped else ""),
-        f"The HPA may add up to {added} more flex replicas; the queue drains.",
-        (
-            _sustained(utilization, lambda v: v < below, f"< {below:g}"),
-            _sustained(queue, lambda v: v > 0, "> 0 queued"),
-            _sustained(headroom, lambda v: v > 0, "> 0 idle flex GPUs"),
-            _sustained(pending, lambda v: v == 0, "no production pending"),
-            _sustained(flex_evictions, lambda v: v <= limit, f"<= {limit}/min"),
-            *per_workload,
-        ),
-        adds_flex_load=FLEX_MAX_REPLICAS.adds_flex_load,
-    )
+            skipped.append(rule_text.not_widened(workload.name, share, demand))
+    return tuple(changes), per_workload, skipped
 
 
 # --- KV capacity, per instance --------------------------------------------------------------
+
+Instance = tuple[str, ...]
+"""A vLLM instance: its values of ``metrics.instance_labels``."""
+
+
+def _kv_capacity(cx: RuleContext) -> Proposal | CompactionRequest | NoOp:
+    """Hit rate below the alert floor, judged per vLLM instance (``metrics.instance_labels``)
+    on its own windows: more KV capacity if one instance is persistently low-hit AND
+    persistently full, and only when that moves some workload's ``--kv-cache-memory-bytes``;
+    compaction if one is low-hit and sparse; nothing otherwise (one instance's low hit rate
+    never pairs with another's full cache)."""
+    try:
+        cx.windows([catalogue.KV_CACHE_HIT_RATE, catalogue.KV_CACHE_USAGE])
+    except _Missing as missing:
+        return _noop_for(KV_HIT_RATE, missing, "no KV change")
+    by = tuple(cx.policy.metrics.instance_labels)
+    hits = cx.split(catalogue.KV_CACHE_HIT_RATE, by)
+    usages = cx.split(catalogue.KV_CACHE_USAGE, by)
+    kv, persistence, floor = cx.policy.kv_cache, cx.persistence, _kv_floor(cx)
+    full_at, sparse_below = kv.page_table_max_usage, kv.compaction_usage_below
+    low_hit = [k for k, w in hits.items() if w.share(lambda v: v < floor) >= persistence]
+    if not low_hit:
+        reason = rule_text.no_low_hit_instance(
+            floor=floor, persistence=persistence, judged=len(hits)
+        )
+        return NoOp(KV_HIT_RATE, reason)
+
+    def holding(test: Callable[[float], bool]) -> list[Instance]:
+        return [k for k in low_hit if k in usages and usages[k].share(test) >= persistence]
+
+    def evidence(
+        keys: list[Instance], test: Callable[[float], bool], cond: str
+    ) -> tuple[Evidence, ...]:
+        out = []
+        for key in keys:
+            out.append(_sustained(hits[key], lambda v: v < floor, f"< {floor:g}"))
+            out.append(_sustained(usages[key], test, cond))
+        return tuple(out)
+
+    full = holding(lambda v: v >= full_at)
+    if full:
+        return _kv_share(cx, full, evidence(full, lambda v: v >= full_at, f">= {full_at:g}"))
+    sparse = holding(lambda v: v < sparse_below)
+    if sparse:
+        return _compaction(
+            cx,
+            sparse,
+            judged=len(hits),
+            evidence=evidence(sparse, lambda v: v < sparse_below, f"< {sparse_below:g}"),
+        )
+    reason = rule_text.low_hit_but_neither(
+        low=len(low_hit), full_at=full_at, sparse_below=sparse_below, persistence=persistence
+    )
+    return NoOp(KV_HIT_RATE, reason)
+
+
+def _kv_floor(cx: RuleContext) -> float:
+    """The hit rate an instance must stay below: the alert's floor less the margin."""
+    return round(cx.policy.alerting.thresholds.kv_hit_rate.min - cx.settings.ratio_margin, 4)
+
+
+def _compaction(
+    cx: RuleContext, sparse: list[Instance], *, judged: int, evidence: tuple[Evidence, ...]
+) -> CompactionRequest | NoOp:
+    """Low-hit and sparse instances: ask for compaction, at most once a min interval."""
+    kv = cx.policy.kv_cache
+    last = cx.state.last_compaction_at
+    if last is not None and cx.snapshot.at - last < duration_seconds(kv.compaction_min_interval):
+        reason = rule_text.compaction_too_soon(cx.snapshot.at - last, kv.compaction_min_interval)
+        return NoOp(KV_HIT_RATE, reason)
+    reason = rule_text.compact(
+        floor=_kv_floor(cx),
+        sparse_below=kv.compaction_usage_below,
+        sparse=len(sparse),
+        judged=judged,
+    )
+    return CompactionRequest(reason, evidence)
 
 
 def _kv_bytes(
@@ -710,121 +627,45 @@ def _kv_bytes(
     """The workload's ``--kv-cache-memory-bytes`` under ``policy``, or why it cannot be sized."""
     model = models.get(workload.name)
     if model is None:
-        return f"{workload.name}: no model config ({workload.hf_config}) to size its KV cache"
+        return rule_text.no_model_config(workload.name, workload.hf_config)
     try:
         return plan_kv_cache(policy, workload, model).kv_cache_bytes
     except (KvPlanError, BackendError) as exc:
-        return f"{workload.name}: {exc}"
-
-
-def kv_capacity(
-    *,
-    policy: PoolPolicy,
-    snapshot: MetricsSnapshot,
-    state: TunerState,
-    settings: TunerSettings,
-    models: Mapping[str, ModelSpec],
-) -> Proposal | CompactionRequest | NoOp:
-    """Hit rate below the alert floor, judged per vLLM instance (``metrics.instance_labels``)
-    on its own windows: more KV capacity if one instance is persistently low-hit AND
-    persistently full, and only when that moves some workload's ``--kv-cache-memory-bytes``;
-    compaction if one is low-hit and sparse; nothing otherwise (one instance's low hit rate
-    never pairs with another's full cache).
-
-    ``models``: each workload's model (by workload name) as committed beside the policy.
-    """
-    rule = "kv-hit-rate"
-    try:
-        _windows(
-            policy, snapshot, settings, [catalogue.KV_CACHE_HIT_RATE, catalogue.KV_CACHE_USAGE]
-        )
-    except _Missing as missing:
-        return _noop_for(rule, missing, "no KV change")
-    by = tuple(policy.metrics.instance_labels)
-    hits = _split(policy, snapshot, settings, catalogue.KV_CACHE_HIT_RATE, by)
-    usages = _split(policy, snapshot, settings, catalogue.KV_CACHE_USAGE, by)
-    kv, persistence = policy.kv_cache, settings.persistence
-    floor = round(policy.alerting.thresholds.kv_hit_rate.min - settings.ratio_margin, 4)
-    full_at, sparse_below = kv.page_table_max_usage, kv.compaction_usage_below
-    low_hit = [k for k, w in hits.items() if w.share(lambda v: v < floor) >= persistence]
-    if not low_hit:
-        return NoOp(
-            rule,
-            f"no vLLM instance had its hit rate below {floor:g} in {persistence:.0%} of its "
-            f"samples ({len(hits)} instances judged)",
-        )
-    full = [
-        k for k in low_hit if k in usages and usages[k].share(lambda v: v >= full_at) >= persistence
-    ]
-    sparse = [
-        k
-        for k in low_hit
-        if k in usages and usages[k].share(lambda v: v < sparse_below) >= persistence
-    ]
-
-    def evidence(
-        keys: list[tuple[str, ...]], test: Callable[[float], bool], cond: str
-    ) -> tuple[Evidence, ...]:
-        out = []
-        for key in keys:
-            out.append(_sustained(hits[key], lambda v: v < floor, f"< {floor:g}"))
-            out.append(_sustained(usages[key], test, cond))
-        return tuple(out)
-
-    if full:
-        return _kv_share(
-            policy,
-            settings,
-            models,
-            full,
-            evidence(full, lambda v: v >= full_at, f">= {full_at:g}"),
-        )
-    if sparse:
-        interval = duration_seconds(kv.compaction_min_interval)
-        last = state.last_compaction_at
-        if last is not None and snapshot.at - last < interval:
-            return NoOp(
-                rule,
-                f"compaction requested {snapshot.at - last:.0f} s ago; "
-                f"kv_cache.compaction_min_interval is {kv.compaction_min_interval}",
-            )
-        return CompactionRequest(
-            f"hit rate below {floor:g} with KV usage below compaction_usage_below "
-            f"({sparse_below:g}) on the same instance ({len(sparse)} of {len(hits)}): the cache "
-            "is sparse, not short; compact instead of adding capacity",
-            evidence(sparse, lambda v: v < sparse_below, f"< {sparse_below:g}"),
-        )
-    return NoOp(
-        rule,
-        f"{len(low_hit)} instance(s) had a low hit rate, but none of them was also full "
-        f"(>= {full_at:g}) or sparse (< {sparse_below:g}) in {persistence:.0%} of its own "
-        "samples",
-    )
+        return rule_text.kv_unsized(workload.name, exc)
 
 
 def _kv_share(
-    policy: PoolPolicy,
-    settings: TunerSettings,
-    models: Mapping[str, ModelSpec],
-    instances: list[tuple[str, ...]],
-    evidence: tuple[Evidence, ...],
+    cx: RuleContext, instances: list[Instance], evidence: tuple[Evidence, ...]
 ) -> Proposal | NoOp:
-    rule = "kv-hit-rate"
-    kv = policy.kv_cache
-    floor = round(policy.alerting.thresholds.kv_hit_rate.min - settings.ratio_margin, 4)
-    changes = KV_SHARE.steps(policy, settings)
+    """Low-hit and full instances: one step of the KV share, proposed only when it moves
+    some of their workloads' ``--kv-cache-memory-bytes``."""
+    changes = KV_SHARE.steps(cx.policy, cx.settings)
     if not changes:
-        return NoOp(
-            rule,
-            f"an instance is low-hit and full but max_gpu_memory_share is at the tuner's bound "
-            f"{settings.kv_share_max:g}",
-        )
+        return NoOp(KV_HIT_RATE, rule_text.kv_share_at_its_bound(cx.settings))
     after_share = changes[0].after
     try:
-        proposed = apply_changes(policy, changes)
+        proposed = apply_changes(cx.policy, changes)
     except PolicyError as exc:
-        return NoOp(rule, f"proposed policy is invalid, not proposed: {exc}")
-    labels = policy.metrics.instance_labels
+        return NoOp(KV_HIT_RATE, rule_text.invalid(exc))
+    moved, unmoved = _kv_moves(cx, proposed, instances)
+    if not moved:
+        return NoOp(KV_HIT_RATE, rule_text.kv_share_moves_nothing(after_share, unmoved))
+    text = rule_text.raise_kv_share(
+        after_share=after_share,
+        floor=_kv_floor(cx),
+        instances=len(instances),
+        full_at=cx.policy.kv_cache.page_table_max_usage,
+        moved=moved,
+    )
+    return _proposal(KV_HIT_RATE, text, changes, evidence, KV_SHARE)
+
+
+def _kv_moves(
+    cx: RuleContext, proposed: PoolPolicy, instances: list[Instance]
+) -> tuple[list[str], list[str]]:
+    """How ``proposed`` moves the KV bytes of the instances' workloads (every workload when
+    the instance labels do not name one): (moved, not moved or not sized), described."""
+    policy, labels = cx.policy, cx.policy.metrics.instance_labels
     names = (
         {key[labels.index(policy.metrics.workload_label)] for key in instances}
         if policy.metrics.workload_label in labels
@@ -833,36 +674,23 @@ def _kv_share(
     considered = [w for w in policy.workloads if w.name in names] or list(policy.workloads)
     moved, unmoved = [], []
     for workload in considered:
-        before, after = _kv_bytes(policy, workload, models), _kv_bytes(proposed, workload, models)
+        before = _kv_bytes(policy, workload, cx.models)
+        after = _kv_bytes(proposed, workload, cx.models)
         if isinstance(before, str) or isinstance(after, str):
             unmoved.append(before if isinstance(before, str) else str(after))
         elif after != before:
-            moved.append(
-                f"{workload.name} {before:,} -> {after:,} bytes ({after / before - 1:+.1%})"
-            )
+            moved.append(rule_text.kv_moved(workload.name, before, after))
         else:
-            unmoved.append(
-                f"{workload.name} stays at {before:,} bytes (weights, not the share, bound it)"
-            )
-    if not moved:
-        return NoOp(
-            rule,
-            f"an instance is low-hit and full, but raising kv_cache.max_gpu_memory_share to "
-            f"{after_share:g} changes no workload's --kv-cache-memory-bytes: {'; '.join(unmoved)}",
-        )
-    return Proposal(
-        rule,
-        f"Raise kv_cache.max_gpu_memory_share to {after_share:g} (hit rate below {floor:g})",
-        changes,
-        f"On {len(instances)} vLLM instance(s) the prefix-cache hit rate stayed low while that "
-        f"same instance's KV usage stayed at or above page_table_max_usage "
-        f"({kv.page_table_max_usage:g}): cached prefixes are evicted for lack of blocks. More "
-        "KV memory keeps them.",
-        f"--kv-cache-memory-bytes: {'; '.join(moved)}; a higher hit rate, less burst headroom "
-        "in GPU memory.",
-        evidence,
-        adds_flex_load=KV_SHARE.adds_flex_load,
-    )
+            unmoved.append(rule_text.kv_unmoved(workload.name, before))
+    return moved, unmoved
+
+
+# --- the cycle's decision -------------------------------------------------------------------
+
+Rule = Callable[[RuleContext], Outcome]
+
+RULES: tuple[Rule, ...] = (_eviction_storm, _kv_capacity, _idle_flex_demand)
+"""Every rule, by priority: the first valid proposal wins."""
 
 
 def decide(
@@ -874,36 +702,65 @@ def decide(
     models: Mapping[str, ModelSpec],
 ) -> CycleDecision:
     """Run every rule; keep the first valid proposal by priority, unless in cooldown."""
-    outcomes: list[Outcome] = [
-        eviction_storm(policy=policy, snapshot=snapshot, settings=settings),
-        kv_capacity(
-            policy=policy, snapshot=snapshot, state=state, settings=settings, models=models
-        ),
-        idle_flex_demand(policy=policy, snapshot=snapshot, settings=settings),
-    ]
+    cx = RuleContext(policy, snapshot, settings, state, models)
+    outcomes = [rule(cx) for rule in RULES]
     noops: list[NoOp] = [o for o in outcomes if isinstance(o, NoOp)]
     compaction = next((o for o in outcomes if isinstance(o, CompactionRequest)), None)
     proposal: Proposal | None = None
-    levers = {lever.name for lever in LEVERS}
     for candidate in (o for o in outcomes if isinstance(o, Proposal)):
         if proposal is not None:
-            noops.append(NoOp(candidate.rule, f"deferred: {proposal.rule} goes first"))
+            noops.append(NoOp(candidate.rule, rule_text.deferred(proposal.rule)))
             continue
-        if any(c.lever not in levers for c in candidate.changes):
-            raise RuntimeError(f"{candidate.rule}: a change that no lever made: {candidate}")
-        since = None if state.last_proposal_at is None else snapshot.at - state.last_proposal_at
-        if since is not None and since < settings.cooldown_s:
-            noops.append(
-                NoOp(
-                    candidate.rule,
-                    f"cooldown: last proposal {since:.0f} s ago, cooldown {settings.cooldown}",
-                )
-            )
-            continue
-        try:
-            apply_changes(policy, candidate.changes)
-        except PolicyError as exc:
-            noops.append(NoOp(candidate.rule, f"proposed policy is invalid, not proposed: {exc}"))
+        refused = _refusal(cx, candidate)
+        if refused is not None:
+            noops.append(refused)
             continue
         proposal = candidate
     return CycleDecision(proposal, compaction, tuple(noops))
+
+
+def _refusal(cx: RuleContext, candidate: Proposal) -> NoOp | None:
+    """Why the cycle does not propose ``candidate`` (cooldown, an invalid policy), or None.
+    A change no lever made is a bug in a rule, not a no-op."""
+    levers = {lever.name for lever in LEVERS}
+    if any(c.lever not in levers for c in candidate.changes):
+        raise RuntimeError(f"{candidate.rule}: a change that no lever made: {candidate}")
+    last = cx.state.last_proposal_at
+    since = None if last is None else cx.snapshot.at - last
+    if since is not None and since < cx.settings.cooldown_s:
+        return NoOp(candidate.rule, rule_text.cooldown(since, cx.settings.cooldown))
+    try:
+        apply_changes(cx.policy, candidate.changes)
+    except PolicyError as exc:
+        return NoOp(candidate.rule, rule_text.invalid(exc))
+    return None
+
+
+# --- entry points for callers that hold the parts, not a context ----------------------------
+
+
+def eviction_storm(
+    *, policy: PoolPolicy, snapshot: MetricsSnapshot, settings: TunerSettings
+) -> Proposal | NoOp:
+    """The eviction-storm rule on its own (``_eviction_storm``)."""
+    return _eviction_storm(RuleContext(policy, snapshot, settings))
+
+
+def idle_flex_demand(
+    *, policy: PoolPolicy, snapshot: MetricsSnapshot, settings: TunerSettings
+) -> Proposal | NoOp:
+    """The idle-flex-demand rule on its own (``_idle_flex_demand``)."""
+    return _idle_flex_demand(RuleContext(policy, snapshot, settings))
+
+
+def kv_capacity(
+    *,
+    policy: PoolPolicy,
+    snapshot: MetricsSnapshot,
+    state: TunerState,
+    settings: TunerSettings,
+    models: Mapping[str, ModelSpec],
+) -> Proposal | CompactionRequest | NoOp:
+    """The KV rule on its own (``_kv_capacity``); ``models``: each workload's model (by
+    workload name) as committed beside the policy."""
+    return _kv_capacity(RuleContext(policy, snapshot, settings, state, models))

@@ -128,17 +128,29 @@ def _endpoint(
     return f"{_api_root(api_url)}/repos/{match[1]}/{match[2]}", headers
 
 
-def build_pull_request(
-    *, api_url: str, repository: str, token: str, title: str, body: str, head: str, base: str
-) -> PullRequestCall:
-    """The request GitHub documents for creating a pull request (pure; tested offline)."""
-    root, headers = _endpoint(
+def _pull_request_endpoint(
+    *, api_url: str, repository: str, token: str
+) -> tuple[str, dict[str, str]]:
+    return _endpoint(
         api_url=api_url,
         repository=repository,
         token=token,
         option="--forge-repo",
         may="open pull requests",
     )
+
+
+def check_pull_request_target(*, api_url: str, repository: str, token: str) -> None:
+    """Raise ``ValueError`` (one line) unless pull requests could be opened with these (the
+    same checks ``build_pull_request`` makes), so a command fails before any side effect."""
+    _pull_request_endpoint(api_url=api_url, repository=repository, token=token)
+
+
+def build_pull_request(
+    *, api_url: str, repository: str, token: str, title: str, body: str, head: str, base: str
+) -> PullRequestCall:
+    """The request GitHub documents for creating a pull request (pure; tested offline)."""
+    root, headers = _pull_request_endpoint(api_url=api_url, repository=repository, token=token)
     return ApiCall(
         url=f"{root}/pulls",
         headers=headers,

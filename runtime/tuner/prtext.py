@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from runtime.tuner.decisions import Proposal
+from runtime.tuner.proposals import Proposal
 from runtime.tuner.snapshot import Window, series_name
 
 BRANCH_PREFIX = "gpupool-tuner/"

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from runtime.atomic_file import write_atomic
-from runtime.tuner.decisions import TunerState
+from runtime.tuner.proposals import TunerState
 
 
 def load_state(path: Path) -> TunerState:

@@ -17,7 +17,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from runtime.tuner.decisions import Change, PolicyPath
+from runtime.tuner.proposals import Change, PolicyPath
 
 _SCALAR = re.compile(r"[^\s,\]}#]+")
 _QUOTED = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^']|'')*'")

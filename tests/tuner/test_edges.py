@@ -125,6 +125,21 @@ def test_cli_rejects_bad_listen_address_and_missing_token(tmp_path: Path) -> Non
     assert result.exit_code == 1 and "GPUPOOL_TUNER_TOKEN" in result.output
 
 
+@pytest.mark.parametrize("repository", ["not-a-repo", "acme/..", "acme/policy/extra"])
+def test_a_bad_forge_repo_is_one_line_before_any_cycle(tmp_path: Path, repository: str) -> None:
+    """``tune --open-pr`` checks the repository with the pull request's own checks
+    (``forge.check_pull_request_target``) before it reads Prometheus or touches the repo."""
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    args = ["tune", "--once", "--prometheus", "http://127.0.0.1:1", "--repo", str(tmp_path)]
+    args += ["--open-pr", "--forge-repo", repository, "--forge-token-file", str(token)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    expected = f"expected --forge-repo as OWNER/NAME, found {repository!r}"
+    assert expected in result.output and "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["token"]
+
+
 def test_every_setting_is_documented_with_its_default() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "tuner.md").read_text()
     for name, field in TunerSettings.model_fields.items():
