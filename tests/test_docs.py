@@ -19,10 +19,13 @@ README_MAX_LINES = 150
 PARAGRAPH_MAX_WORDS = 150
 # pages that are measurements by design: figures belong there
 MEASUREMENT_PAGES = frozenset({"benchmarks.md"})
-NOTEBOOK_HEADING = re.compile(r"^#+\s+(choices\b|tests\b|measured\b|.*\(measured\))", re.I | re.M)
+NOTEBOOK_HEADING = re.compile(
+    r"^#+\s+((design )?choices\b|sources\b|tests\b|measured\b|.*\(measured\))", re.I | re.M
+)
 OPENING = re.compile(r"\byou (can|will)\b|\blets you\b", re.I)
 FORBIDDEN = re.compile(
-    r"\bbrief('s)?\b|\bissue\s*#?\s*\d+|\bthe issue('s)?\b|FACTS\.md|\.\./shared", re.I
+    r"\bbrief('s)?\b|\bissue\s*#?\s*\d+|\bthe issue('s)?\b|FACTS\.md|\.\./shared|search tool|other helpers",
+    re.I,
 )
 CODE_PACKAGES = ("policy", "infra", "alerts", "runtime")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
