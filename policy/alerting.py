@@ -37,7 +37,7 @@ class FlexEvictionRate(AlertRule):
     """Flex evictions/preemptions per minute: too many means the thresholds are too aggressive."""
 
     per_minute_max: float = Field(5.0, gt=0)
-    """Fires above this many flex pod disruptions per minute, summed over reasons (brief: 5)."""
+    """Fires above this many flex pod disruptions per minute, summed over reasons (default: 5)."""
     keep_firing_for: Duration | None = "5m"
     """Prometheus ``keep_firing_for:`` (Prometheus >= 2.42): once firing, the alert stays
     firing this long after the rate drops to the limit, so a rate hovering around the limit
@@ -49,7 +49,7 @@ class KvHitRate(AlertRule):
     """KV prefix-cache hit rate of flex instances."""
 
     min: Fraction = Field(0.80, gt=0)
-    """Fires below this hit rate (brief: 80 %): compact or add KV capacity."""
+    """Fires below this hit rate (default: 80 %): compact or add KV capacity."""
     min_queried_tokens_per_s: float = Field(10.0, ge=0)
     """Below this many prefix-cache queried tokens per second (``vllm:prefix_cache_queries_total``
     counts prompt TOKENS, not requests) over ``metrics.rate_window``, an instance's hit rate is

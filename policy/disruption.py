@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 from policy.base import MAX_REPLICAS, Invariants, StrictModel
 
 MIN_GRACE_S = 30
-"""The brief's floor for flex pods' ``terminationGracePeriodSeconds``."""
+"""The product's floor for flex pods' ``terminationGracePeriodSeconds``."""
 
 MAX_GRACE_S = 3600
 """The most any part of a flex pod's exit may take: production waits that long for GPUs."""

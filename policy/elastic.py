@@ -10,7 +10,7 @@ from policy.base import MAX_REPLICAS, Fraction, Invariants, StrictModel
 class ElasticThresholds(StrictModel):
     """Band on PRODUCTION's utilization of the pools' GPUs (fractions, 0-1).
 
-    The signal is the brief's cluster GPU utilization with flex's own load left out: the
+    The signal is the cluster GPU utilization with flex's own load left out: the
     duty cycle of every GPU a production pod holds (dcgm-exporter, joined to pods of the
     production PriorityClass), summed, over all schedulable GPUs of the pools. A busy flex
     fleet never moves it, so flex cannot shed itself while production is idle. Below
@@ -22,10 +22,10 @@ class ElasticThresholds(StrictModel):
 
     grow_while_production_below: Fraction = 0.35
     """Grow flex while production keeps less than this share of the pools' GPUs busy
-    (brief: 35 %)."""
+    (default: 35 %)."""
     shed_while_production_above: Fraction = 0.65
     """Shed flex while production keeps more than this share of the pools' GPUs busy
-    (brief: 65 %): production needs most of the cluster."""
+    (default: 65 %): production needs most of the cluster."""
 
     @model_validator(mode="after")
     def _band(self) -> ElasticThresholds:
@@ -45,9 +45,9 @@ class Autoscaling(StrictModel):
     """HPA ``behavior`` shared by every flex workload's HorizontalPodAutoscaler."""
 
     scale_up_stabilization_s: int = Field(180, ge=0, le=3600)
-    """HPA ``behavior.scaleUp.stabilizationWindowSeconds`` (brief: 3 min)."""
+    """HPA ``behavior.scaleUp.stabilizationWindowSeconds`` (default: 3 min)."""
     scale_down_stabilization_s: int = Field(300, ge=0, le=3600)
-    """HPA ``behavior.scaleDown.stabilizationWindowSeconds`` (brief: 5 min)."""
+    """HPA ``behavior.scaleDown.stabilizationWindowSeconds`` (default: 5 min)."""
     scale_up_pods_per_minute: int = Field(2, ge=1, le=MAX_REPLICAS)
     """Most replicas one workload may add per minute (the HPA policy's int32 ``value``; at
     most 5,000, the most replicas a workload may have)."""

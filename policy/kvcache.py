@@ -27,11 +27,11 @@ class KvCache(StrictModel):
     """Target bytes of one KV page per layer; translated to the nearest block size in tokens
     that the attention backend supports (``gpupool vllm-args`` shows the translation)."""
     max_gpu_memory_share: Fraction = 0.75
-    """Most of a GPU's memory the KV cache may take, leaving headroom for bursts (brief: 75 %)."""
+    """Most of a GPU's memory the KV cache may take, leaving headroom for bursts (default: 75 %)."""
     activation_reserve_share: Fraction = 0.08
     """Share of GPU memory kept for activations, CUDA graphs and the allocator's slack."""
     page_table_max_usage: Fraction = 0.80
-    """KV block usage above which an instance counts as full (brief: page table max 80 %)."""
+    """KV block usage above which an instance counts as full (default: page table max 80 %)."""
     prefix_caching: bool = True
     """vLLM automatic prefix caching (``--enable-prefix-caching``)."""
     cache_dtype: KvCacheDtype = "auto"

@@ -39,7 +39,7 @@ _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(?:([kmgtKMGT])(i?)B?)?$")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 WASTE_GOAL = 0.02
-"""The issue's goal for paged KV waste at the chosen block size (vLLM paper: under 4 %)."""
+"""The product's goal for paged KV waste at the chosen block size (vLLM paper: under 4 %)."""
 
 
 def parse_memory(text: str) -> int:

@@ -467,7 +467,7 @@ class _Builder:
         """The pools' GPU utilization counting production's pods only: the duty cycle of the
         GPUs production pods hold, summed, over every schedulable GPU of the pools.
 
-        This is the brief's "cluster GPU utilization" with flex's own load left out (flex and
+        This is the "cluster GPU utilization" with flex's own load left out (flex and
         free GPUs count as idle), so flex can never shed itself. 0 when production holds no
         GPU; absent (the budget then never grows) when production holds GPUs but
         dcgm-exporter does not attribute them to pods (``metrics.gpu_pod_labels``).

@@ -2,7 +2,7 @@
 
 checkov pins an older ``packaging`` than Pulumi needs, so it lives in a virtualenv of its own
 that ``make checkov`` (a prerequisite of ``make test``) builds. The same allow-list, with the
-same reasons, is in docs/infra.md "checkov".
+same reasons, is in docs/design/infra.md "checkov".
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
-DOCS = ROOT / "docs" / "infra.md"
+DOCS = ROOT / "docs" / "design" / "infra.md"
 
 ALLOWED: dict[str, str] = {
     "CKV_K8S_43": "Image should use digest: the default policy names its images by tag, "
