@@ -9,6 +9,9 @@ only. ``query()`` is standalone either way (the chain's recorded series inlined)
 tuner can run it on backfilled data that no rule ever evaluated:
 ``build_catalogue(policy).query(KV_CACHE_HIT_RATE)``.
 
+The other queries sit in one section per concern (``_Builder.gpu_queries`` and the methods
+after it, docs/design/catalogue.md), each naming the policy fields it reads (``knobs``).
+
 Sources of the series names: dcgm-exporter (NVIDIA/dcgm-exporter, its default counters in
 ``default-counters.csv``: GPU utilization with the pod holding each GPU, framebuffer),
 kube-state-metrics (kubernetes/kube-state-metrics: node labels and allocatable GPUs, pod
