@@ -285,15 +285,12 @@ def _meta(name: str, namespace: str) -> Manifest:
     return metadata(name, COMPONENT, namespace=namespace, instance=name)
 
 
-def endpoint_picker(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> list[Manifest]:
-    """The pool's picker: RBAC, configuration, Deployment, Service and NetworkPolicy."""
-    serving = _serving(policy)
-    picker, name, ns = serving.endpoint_picker, pool.picker, pool.namespace
-    distribution = DISTRIBUTIONS[api]
-    pods = selector_labels(name)
+def _picker_container(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> Manifest:
+    """The picker's one container: its flags, ports, probes and mounts."""
+    picker = _serving(policy).endpoint_picker
     limits = {"cpu": picker.resources.cpu, "memory": picker.resources.memory}
     args = [
-        *("--pool-name", pool.name, "--pool-namespace", ns, "--pool-group", POOL_GROUP),
+        *("--pool-name", pool.name, "--pool-namespace", pool.namespace, "--pool-group", POOL_GROUP),
         *("--config-file", f"{CONFIG_DIR}/{CONFIG_FILE}"),
         *("--grpc-port", str(GRPC_PORT), "--grpc-health-port", str(HEALTH_PORT)),
         *("--metrics-port", str(METRICS_PORT)),
@@ -305,9 +302,9 @@ def endpoint_picker(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> list[M
         "grpc": {"port": HEALTH_PORT, "service": HEALTH_SERVICE},
         "periodSeconds": PROBE_PERIOD_S,
     }
-    container: Manifest = {
+    return {
         "name": "epp",
-        "image": getattr(picker.images, distribution.image_field),
+        "image": getattr(picker.images, DISTRIBUTIONS[api].image_field),
         "args": args,
         "env": [
             {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -330,10 +327,16 @@ def endpoint_picker(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> list[M
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
-    deployment = {
+
+
+def _picker_deployment(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> Manifest:
+    """The picker's Deployment: one replica reading its ConfigMap."""
+    name = pool.picker
+    pods = selector_labels(name)
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(name, ns),
+        "metadata": _meta(name, pool.namespace),
         "spec": {
             # One active picker: its prefix-cache index lives in memory (upstream runs one
             # replica, replaced with Recreate, unless leader election is set up).
@@ -350,7 +353,7 @@ def endpoint_picker(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> list[M
                     # within the same budget
                     "terminationGracePeriodSeconds": policy.disruption.termination_grace_s,
                     "securityContext": pod_security(),
-                    "containers": [container],
+                    "containers": [_picker_container(policy, pool, api)],
                     "volumes": [
                         {"name": "config", "configMap": {"name": name}},
                         {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
@@ -359,13 +362,17 @@ def endpoint_picker(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> list[M
             },
         },
     }
-    service = {
+
+
+def _picker_service(pool: Pool) -> Manifest:
+    """The picker's Service: ext_proc for the Gateway, metrics for Prometheus."""
+    return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(name, ns),
+        "metadata": _meta(pool.picker, pool.namespace),
         "spec": {
             "type": "ClusterIP",
-            "selector": pods,
+            "selector": selector_labels(pool.picker),
             "ports": [
                 {
                     "name": "grpc-ext-proc",
@@ -383,19 +390,29 @@ def endpoint_picker(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> list[M
             ],
         },
     }
-    config = {
+
+
+def _picker_config(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> Manifest:
+    """The ConfigMap holding the picker's EndpointPickerConfig."""
+    return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(name, ns),
+        "metadata": _meta(pool.picker, pool.namespace),
         "data": {CONFIG_FILE: to_yaml(endpoint_picker_config(policy, api), sort_keys=False)},
     }
+
+
+def endpoint_picker(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> list[Manifest]:
+    """The pool's picker: RBAC, configuration, Deployment, Service, NetworkPolicy and
+    PodMonitor, in apply order."""
+    name, ns, pods = pool.picker, pool.namespace, selector_labels(pool.picker)
     return [
-        *endpoint_picker_rbac(name, ns, distribution.objective_groups),
-        config,
-        deployment,
-        service,
+        *endpoint_picker_rbac(name, ns, DISTRIBUTIONS[api].objective_groups),
+        _picker_config(policy, pool, api),
+        _picker_deployment(policy, pool, api),
+        _picker_service(pool),
         endpoint_picker_network_policy(
-            policy, ns, pods, (GRPC, METRICS), serving.gateway.namespace
+            policy, ns, pods, (GRPC, METRICS), _serving(policy).gateway.namespace
         ),
         # its request, shed and poll-error counters feed the serving alerts (alerts/serving.py)
         endpoint_picker_pod_monitor(policy, pool.name, ns, pods, METRICS),

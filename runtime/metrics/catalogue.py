@@ -9,6 +9,9 @@ only. ``query()`` is standalone either way (the chain's recorded series inlined)
 tuner can run it on backfilled data that no rule ever evaluated:
 ``build_catalogue(policy).query(KV_CACHE_HIT_RATE)``.
 
+The other queries sit in one section per concern (``_Builder.gpu_queries`` and the methods
+after it, docs/design/catalogue.md), each naming the policy fields it reads (``knobs``).
+
 Sources of the series names: dcgm-exporter (NVIDIA/dcgm-exporter, its default counters in
 ``default-counters.csv``: GPU utilization with the pod holding each GPU, framebuffer),
 kube-state-metrics (kubernetes/kube-state-metrics: node labels and allocatable GPUs, pod
@@ -178,7 +181,7 @@ class Query:
     help: str
     unit: str
     knobs: tuple[str, ...] = ()
-    """The policy fields ``expr`` is built from (budget terms; shown beside each rule)."""
+    """The policy fields ``expr`` is built from (shown beside each rule)."""
     standalone: str | None = None
     """``expr`` with the recorded series it reads replaced by their own PromQL; None where
     ``expr`` reads exporter series only."""
@@ -642,12 +645,14 @@ class _Builder:
             queries.append(Query(record, expr, term.help, term.unit, term.knobs, alone))
         return queries
 
-    def catalogue(self) -> Catalogue:
-        p, w, by = self.policy, self.window, self.by_instance
-        all_pools = self.gpu_util_by_pool(p.node_pools)
-        from_tier = self.vllm("prompt_tokens_by_source_total", 'source="external_kv_transfer"')
-        queries = [
-            *self.budget_terms(),
+    # The concerns, one section each: its queries and, beside each, the policy fields
+    # (knobs) its expression reads. catalogue() lists them in this order.
+
+    def gpu_queries(self) -> list[Query]:
+        """GPUs (dcgm-exporter): utilization and framebuffer, shown on the dashboard."""
+        all_pools = self.gpu_util_by_pool(self.policy.node_pools)
+        pooled = ("cluster.pool_label", "node_pools[].name", "metrics.gpu_node_label")
+        return [
             Query(
                 CLUSTER_GPU_UTILIZATION,
                 self.cluster_utilization(),
@@ -655,12 +660,19 @@ class _Builder:
                 "never decided on).",
                 "ratio",
             ),
-            Query(GPU_UTILIZATION, all_pools, "Utilization of each GPU, with its pool.", "ratio"),
+            Query(
+                GPU_UTILIZATION,
+                all_pools,
+                "Utilization of each GPU, with its pool.",
+                "ratio",
+                pooled,
+            ),
             Query(
                 POOL_GPU_UTILIZATION,
                 f"avg by (pool) ({all_pools})",
                 "Mean GPU utilization of each node pool.",
                 "ratio",
+                pooled,
             ),
             Query(
                 GPU_MEMORY_USED,
@@ -668,18 +680,86 @@ class _Builder:
                 "Framebuffer share in use on each GPU.",
                 "ratio",
             ),
+        ]
+
+    def capacity_queries(self) -> list[Query]:
+        """Capacity beside the budget: what production demands and waits for, flex's pods
+        and HPAs (kube-state-metrics)."""
+        ns = self.flex_ns
+        production = ("priorities.production", "metrics.gpu_resource")
+        return [
             Query(
                 PRODUCTION_GPUS_DEMANDED,
                 self.production_demanded(),
                 "GPUs production's pods hold or wait for (bound plus pending requests): the "
                 "gpus_demanded of a production trace (gpupool production-trace).",
                 "gpus",
+                production,
             ),
+            Query(
+                PROD_PODS_PENDING,
+                self.prod_unschedulable(),
+                "Pods of the production PriorityClass that request GPUs and that the scheduler "
+                "cannot place (kube_pod_status_unschedulable); 0 when none, absent without "
+                "kube-state-metrics. Pending pods already bound to a node (pulling images, "
+                "running init containers) do not count.",
+                "pods",
+                production,
+            ),
+            Query(
+                FLEX_PODS_RUNNING,
+                f'sum(kube_pod_status_phase{{namespace="{ns}", phase="Running"}})',
+                "Running pods in the flex namespace.",
+                "pods",
+                ("cluster.flex_namespace",),
+            ),
+            Query(
+                FLEX_HPA_AT_MAX,
+                "label_replace(max by (namespace, horizontalpodautoscaler) "
+                f'(kube_horizontalpodautoscaler_status_current_replicas{{namespace="{ns}"}})'
+                " >= bool on (namespace, horizontalpodautoscaler) "
+                "max by (namespace, horizontalpodautoscaler) "
+                f'(kube_horizontalpodautoscaler_spec_max_replicas{{namespace="{ns}"}}), '
+                f'"{BUDGET_LABEL}", "$1", "horizontalpodautoscaler", "(.*)")',
+                "1 where a flex workload's HPA runs its maxReplicas (kube-state-metrics), else 0; "
+                "the tuner widens max_replicas only there.",
+                "bool",
+                ("cluster.flex_namespace",),
+            ),
+        ]
+
+    def eviction_queries(self) -> list[Query]:
+        """Flex evictions (runtime.metrics.evictions)."""
+        return [
+            Query(
+                FLEX_EVICTIONS,
+                self.evictions(),
+                "Flex pods disrupted per minute by reason (preemption, eviction-api, kubelet, "
+                "node, other), each pod once: kube_pod_status_reason and (KSM >= 2.20) "
+                "kube_pod_status_disruption_reason.",
+                "per_minute",
+                (
+                    "cluster.flex_namespace",
+                    "metrics.rate_window",
+                    "metrics.eviction_reasons",
+                    "metrics.disruption_reasons",
+                ),
+            ),
+        ]
+
+    def kv_cache_queries(self) -> list[Query]:
+        """The flex instances' KV cache (vLLM): use, prefix-cache hits, tier loads."""
+        by, w = self.by_instance, self.window
+        instances = ("cluster.flex_namespace", "metrics.instance_labels")
+        rated = (*instances, "metrics.rate_window")
+        from_tier = self.vllm("prompt_tokens_by_source_total", 'source="external_kv_transfer"')
+        return [
             Query(
                 KV_CACHE_USAGE,
                 f"max by ({by}) ({self.vllm('kv_cache_usage_perc')})",
                 "Share of KV-cache blocks in use on each flex vLLM instance.",
                 "ratio",
+                instances,
             ),
             Query(
                 KV_CACHE_HIT_RATE,
@@ -690,63 +770,7 @@ class _Builder:
                 "than alerting.thresholds.kv_hit_rate.min_queried_tokens_per_s tokens per "
                 "second (or none), so a nearly idle instance never fires.",
                 "ratio",
-            ),
-            Query(
-                VLLM_PREEMPTIONS,
-                f"sum by ({by}) (rate({self.vllm('num_preemptions_total')}[{w}]))",
-                "vLLM request preemptions per second (KV cache ran out) per instance.",
-                "per_second",
-            ),
-            Query(
-                VLLM_QUEUE_DEPTH,
-                f"sum by (namespace, {self.m.workload_label}) "
-                f"({self.vllm('num_requests_waiting')})",
-                "Requests waiting for a slot, per flex workload.",
-                "requests",
-            ),
-            Query(
-                FLEX_EVICTIONS,
-                self.evictions(),
-                "Flex pods disrupted per minute by reason (preemption, eviction-api, kubelet, "
-                "node, other), each pod once: kube_pod_status_reason and (KSM >= 2.20) "
-                "kube_pod_status_disruption_reason.",
-                "per_minute",
-            ),
-            Query(
-                PROD_PODS_PENDING,
-                self.prod_unschedulable(),
-                "Pods of the production PriorityClass that request GPUs and that the scheduler "
-                "cannot place (kube_pod_status_unschedulable); 0 when none, absent without "
-                "kube-state-metrics. Pending pods already bound to a node (pulling images, "
-                "running init containers) do not count.",
-                "pods",
-            ),
-            Query(
-                FLEX_PODS_RUNNING,
-                f'sum(kube_pod_status_phase{{namespace="{self.flex_ns}", phase="Running"}})',
-                "Running pods in the flex namespace.",
-                "pods",
-            ),
-            Query(
-                FLEX_HPA_AT_MAX,
-                "label_replace(max by (namespace, horizontalpodautoscaler) "
-                f'(kube_horizontalpodautoscaler_status_current_replicas{{namespace="{self.flex_ns}"}})'
-                " >= bool on (namespace, horizontalpodautoscaler) "
-                "max by (namespace, horizontalpodautoscaler) "
-                f'(kube_horizontalpodautoscaler_spec_max_replicas{{namespace="{self.flex_ns}"}}), '
-                f'"{BUDGET_LABEL}", "$1", "horizontalpodautoscaler", "(.*)")',
-                "1 where a flex workload's HPA runs its maxReplicas (kube-state-metrics), else 0; "
-                "the tuner widens max_replicas only there.",
-                "bool",
-            ),
-            Query(
-                VLLM_START_TIME,
-                self.vllm_start_time(),
-                "Unix time each flex vLLM instance's API server process started "
-                "(process_start_time_seconds of the target serving its vllm: series); "
-                "KVCacheHitRateLow waits alerting.thresholds.kv_hit_rate.warmup after it. "
-                "Absent where vLLM exports no process metrics (several API server processes).",
-                "seconds",
+                (*rated, "alerting.thresholds.kv_hit_rate.min_queried_tokens_per_s"),
             ),
             Query(
                 PROMPT_TOKENS_FROM_TIER,
@@ -756,15 +780,55 @@ class _Builder:
                 "connector (its host-memory and snapshot-volume tiers) instead of computed or "
                 "found in the GPU prefix cache; absent where it had no prompt tokens.",
                 "ratio",
+                rated,
             ),
+        ]
+
+    def serving_queries(self) -> list[Query]:
+        """The flex vLLM instances' serving: preemptions, queues, restarts."""
+        by, w = self.by_instance, self.window
+        instances = ("cluster.flex_namespace", "metrics.instance_labels")
+        return [
+            Query(
+                VLLM_PREEMPTIONS,
+                f"sum by ({by}) (rate({self.vllm('num_preemptions_total')}[{w}]))",
+                "vLLM request preemptions per second (KV cache ran out) per instance.",
+                "per_second",
+                (*instances, "metrics.rate_window"),
+            ),
+            Query(
+                VLLM_QUEUE_DEPTH,
+                f"sum by (namespace, {self.m.workload_label}) "
+                f"({self.vllm('num_requests_waiting')})",
+                "Requests waiting for a slot, per flex workload.",
+                "requests",
+                ("cluster.flex_namespace", "metrics.workload_label"),
+            ),
+            Query(
+                VLLM_START_TIME,
+                self.vllm_start_time(),
+                "Unix time each flex vLLM instance's API server process started "
+                "(process_start_time_seconds of the target serving its vllm: series); "
+                "KVCacheHitRateLow waits alerting.thresholds.kv_hit_rate.warmup after it. "
+                "Absent where vLLM exports no process metrics (several API server processes).",
+                "seconds",
+                instances,
+            ),
+        ]
+
+    def snapshot_queries(self) -> list[Query]:
+        """The snapshot volumes (the GC sidecars; only with kv_preservation: filesystem)."""
+        volume = ("cluster.flex_namespace", "metrics.workload_label")
+        return [
             Query(
                 KV_TIER_DELETIONS,
                 f"sum by ({self.by_volume()}, reason) "
-                f"(rate({self.kv_tier('deleted_files_total')}[{w}])) * 60",
+                f"(rate({self.kv_tier('deleted_files_total')}[{self.window}])) * 60",
                 "Files the snapshot GCs deleted from each workload's volume per minute, by "
                 "reason (abandoned_write, reclaimed, capacity); a file two GCs raced on counts "
                 "in both. Only with kv_preservation: filesystem.",
                 "per_minute",
+                (*volume, "metrics.rate_window"),
             ),
             Query(
                 KV_TIER_FILL,
@@ -775,7 +839,20 @@ class _Builder:
                 "view); capacity passes bring it back to 0.9. Only with kv_preservation: "
                 "filesystem.",
                 "ratio",
+                volume,
             ),
+        ]
+
+    def catalogue(self) -> Catalogue:
+        """Every concern's queries, the budget's chain first."""
+        queries = [
+            *self.budget_terms(),
+            *self.gpu_queries(),
+            *self.capacity_queries(),
+            *self.eviction_queries(),
+            *self.kv_cache_queries(),
+            *self.serving_queries(),
+            *self.snapshot_queries(),
         ]
         return Catalogue(tuple(queries), tuple(self.sources()))
 
