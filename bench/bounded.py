@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from policy import DEFAULT_POLICY  # noqa: E402
-from runtime.sim.traces import load_flex_trace  # noqa: E402
 from tests.harness.hostile import write_azure_trace, write_mooncake_trace  # noqa: E402
 
 IMPORTS = (
@@ -64,6 +63,21 @@ def peak_mib(code: str, file: Path, hours: float) -> float:
     )
     line = next(x for x in reversed(done.stdout.splitlines()) if x.startswith("peak "))
     return int(line.split()[1]) / 1024
+
+
+def span_h(file: Path) -> float:
+    """The trace's length in hours, rounded up, read in a child: a child's ``ru_maxrss``
+    starts from its parent's at the fork, so the parent must not load a trace itself."""
+    code = f"print(load_flex_trace(Path({str(file)!r})).duration_s)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTS + code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+        cwd=ROOT,
+    )
+    return math.ceil(float(done.stdout.split()[-1]) / 36) / 100
 
 
 def nodes_policy(folder: Path, nodes: int) -> Path:
@@ -110,7 +124,7 @@ def main() -> None:
             write(path, int(args.megabytes * 1024 * 1024))
             size = path.stat().st_size / 1024 / 1024
             figures = {k: round(peak_mib(c, path, args.hours), 1) for k, c in FLOORS.items()}
-            full_h = math.ceil(load_flex_trace(path).duration_s / 36) / 100
+            full_h = span_h(path)
             figures[f"full-length replay ({full_h:g} h)"] = round(peak_mib(REPLAY, path, full_h), 1)
             results[name] = {"file_mib": round(size, 1), "peak_rss_mib": figures}
             print(f"{name}: {size:.0f} MiB file, peak RSS MiB {figures}", flush=True)
