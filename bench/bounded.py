@@ -2,8 +2,10 @@
 listing 150,000 nodes, each against a floor measured in the same run.
 
 Memory is each child process's own peak RSS (``ru_maxrss``), so one measurement never sees
-another's. Floors: the interpreter with gpupool imported, and the whole-file read the trace
-readers did before streaming (bytes, text and a string a line, before any parsing). For the
+another's. The replay is measured twice: over ``--hours`` and over the whole trace (to its
+last arrival), which shows whether its memory grows with the requests it replays. Floors:
+the interpreter with gpupool imported, and the whole-file read the trace readers did before
+streaming (bytes, text and a string a line, before any parsing). For the
 nodes, the floor is the round-trip YAML parse of the same file, which validation needs.
 
     python bench/bounded.py [--megabytes 200] [--nodes 150000] [--hours 1]
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,6 +33,10 @@ IMPORTS = (
     "import sys\nfrom pathlib import Path\nfrom runtime.cli.app import app\n"
     "from runtime.sim.traces import load_flex_trace\n"
 )
+REPLAY = (
+    "sys.argv = ['gpupool', 'whatif', '--flex-trace', FILE, '--hours', HOURS]\n"
+    "try:\n    app()\nexcept SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n"
+)
 """What every child imports first: the floor is the same for all."""
 
 PEAK = "import resource\nprint('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
@@ -38,8 +45,7 @@ FLOORS = {
     "imports": "",
     "whole-file read": "lines = Path(FILE).read_bytes().decode().split('\\n')\n",
     "load": "trace = load_flex_trace(Path(FILE))\n",
-    "replay": "sys.argv = ['gpupool', 'whatif', '--flex-trace', FILE, '--hours', HOURS]\n"
-    "try:\n    app()\nexcept SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n",
+    "replay": REPLAY,
 }
 
 
@@ -57,6 +63,21 @@ def peak_mib(code: str, file: Path, hours: float) -> float:
     )
     line = next(x for x in reversed(done.stdout.splitlines()) if x.startswith("peak "))
     return int(line.split()[1]) / 1024
+
+
+def span_h(file: Path) -> float:
+    """The trace's length in hours, rounded up, read in a child: a child's ``ru_maxrss``
+    starts from its parent's at the fork, so the parent must not load a trace itself."""
+    code = f"print(load_flex_trace(Path({str(file)!r})).duration_s)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTS + code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+        cwd=ROOT,
+    )
+    return math.ceil(float(done.stdout.split()[-1]) / 36) / 100
 
 
 def nodes_policy(folder: Path, nodes: int) -> Path:
@@ -103,6 +124,8 @@ def main() -> None:
             write(path, int(args.megabytes * 1024 * 1024))
             size = path.stat().st_size / 1024 / 1024
             figures = {k: round(peak_mib(c, path, args.hours), 1) for k, c in FLOORS.items()}
+            full_h = span_h(path)
+            figures[f"full-length replay ({full_h:g} h)"] = round(peak_mib(REPLAY, path, full_h), 1)
             results[name] = {"file_mib": round(size, 1), "peak_rss_mib": figures}
             print(f"{name}: {size:.0f} MiB file, peak RSS MiB {figures}", flush=True)
         policy = nodes_policy(folder, args.nodes)
