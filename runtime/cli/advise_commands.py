@@ -8,20 +8,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import Progress as RichProgress
 
 from policy import load_policy
 from runtime.advise import folder, front, levers, recommended, report
 from runtime.advise.sweep import SweepError, run_sweep, sweep_options
+from runtime.cli.consoles import console
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import ExampleOption, input_files
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.cli.whatif_commands import DOMAIN_ERRORS, ProdTraceOption, print_table
 from runtime.sim import options as replay_options
 from runtime.tuner.yamledit import YamlEditError
-
-console = Console(highlight=False)
 
 
 def advise(

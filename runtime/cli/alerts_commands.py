@@ -6,14 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from alerts.render import render as render_bundle
 from policy import load_policy
+from runtime.cli.consoles import console
 from runtime.cli.errors import reported_errors
 from runtime.cli.policy_commands import ExampleOption, PolicyFile, policy_file
 
-console = Console(highlight=False)
 alerts_app = typer.Typer(help="Prometheus rules, Alertmanager routing and dashboard.")
 
 

@@ -6,11 +6,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import typer
-from rich.console import Console
 
 from policy import PolicyError
-
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+from runtime.cli.consoles import err_console
 
 
 class UsageProblem(Exception):

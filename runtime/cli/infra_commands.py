@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from infra.builders.nodepools import Target
 from infra.builders.serving import (
@@ -23,6 +22,7 @@ from infra.output import FolderResult, OutputError, write_documents
 from infra.pipeline import render_inputs, render_policy_file
 from infra.summary import summarize
 from runtime.cli import tables
+from runtime.cli.consoles import console
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import (
     ExampleOption,
@@ -33,8 +33,6 @@ from runtime.cli.policy_commands import (
     print_warnings,
 )
 from runtime.cli.whatif_commands import replay_demo
-
-console = Console(highlight=False)
 
 TargetOption = Annotated[
     Target,

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
 
 from infra.inputs import BundleInputs, load_inputs
 from policy import PolicyError, PoolPolicy, Problem
@@ -20,7 +19,8 @@ from policy.base import check_dns_label
 from policy.placeholders import placeholder_warnings
 from policy.production import unlabelled_production
 from runtime.atomic_file import OutputError, write_files
-from runtime.cli.errors import err_console, reported_errors
+from runtime.cli.consoles import console, err_console
+from runtime.cli.errors import reported_errors
 from runtime.cli.policy_commands import LOCAL_POLICY
 from runtime.init.catalog import MODELS, find_gpu, find_model, gpu_names
 from runtime.init.writer import (
@@ -38,7 +38,6 @@ from runtime.init.writer import (
 from runtime.vllm import ModelConfigError
 from runtime.vllm.model_spec import ModelSpec, parse_model_config
 
-console = Console(highlight=False, soft_wrap=True)
 T = TypeVar("T")
 
 WHATIF_COMMAND = "gpupool whatif --hours 24 --fit-production"

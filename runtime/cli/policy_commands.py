@@ -12,13 +12,11 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console
 
 from infra.inputs import BundleInputs, load_inputs
 from policy import DEFAULT_POLICY, PoolPolicy
-from runtime.cli.errors import err_console, reported_errors
-
-console = Console(highlight=False)
+from runtime.cli.consoles import console, err_console
+from runtime.cli.errors import reported_errors
 
 LOCAL_POLICY = Path("policy/pool.yaml")
 """A policy repository's own policy, relative to the current directory."""

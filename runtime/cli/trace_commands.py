@@ -7,19 +7,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from policy import load_policy
 from policy.base import duration_seconds
 from policy.tuner import TRACE_MAX_STEPS
 from runtime.atomic_file import OutputError, check_files, write_atomic
+from runtime.cli.consoles import console
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import ExampleOption, input_files
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.sim.traces import TraceError, demand_csv
 from runtime.tuner.prometheus import TraceQueryError, connect, production_samples
-
-console = Console(highlight=False)
 
 MAX_SAMPLES = TRACE_MAX_STEPS
 """Steps one trace may hold (the tuner's advise lever has the same bound)."""

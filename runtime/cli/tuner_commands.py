@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from runtime.cli.errors import UsageProblem, err_console, reported_errors
+from runtime.cli.consoles import err_console
+from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.tuner.webhook import TOKEN_ENV
 
 if TYPE_CHECKING:

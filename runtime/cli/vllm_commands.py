@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Annotated, get_args
 
 import typer
-from rich.console import Console
 
 from policy import PoolPolicy, load_policy
 from policy.workloads import AttentionBackend, FlexWorkload
 from runtime.cli import tables
+from runtime.cli.consoles import console
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import ExampleOption, policy_file
 from runtime.vllm import (
@@ -32,8 +32,6 @@ from runtime.vllm import (
 from runtime.vllm.fragmentation import WasteReport, waste_report
 from runtime.vllm.model_spec import read_model_config
 from runtime.vllm.trace import TraceError, load_azure_trace
-
-console = Console(highlight=False)
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(?:([kmgtKMGT])(i?)B?)?$")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import Progress as RichProgress
 
 from infra.builders.workload import HPA_TOLERANCES
 from policy import load_policy
 from runtime import atomic_file
 from runtime.cli import tables
+from runtime.cli.consoles import console
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.policy_commands import ExampleOption, input_files
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
@@ -31,7 +31,6 @@ from runtime.sim.traces import (
 from runtime.sim.whatif import Result, WhatIfError, run
 from runtime.vllm import BackendError, KvPlanError, ModelConfigError
 
-console = Console(highlight=False, soft_wrap=True)
 """``soft_wrap``: a line stays one line in a pipe (the terminal wraps it on screen)."""
 
 DOMAIN_ERRORS = (
