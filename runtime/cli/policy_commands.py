@@ -16,7 +16,8 @@ from rich.console import Console
 
 from infra.inputs import BundleInputs, load_inputs
 from policy import DEFAULT_POLICY, PoolPolicy
-from runtime.cli.errors import err_console, reported_errors
+from runtime.atomic_file import OutputError, write_atomic
+from runtime.cli.errors import UsageProblem, err_console, reported_errors
 
 console = Console(highlight=False)
 
@@ -116,8 +117,12 @@ def schema(
     text = json.dumps(PoolPolicy.model_json_schema(by_alias=True), indent=2, sort_keys=True) + "\n"
     if out is None:
         typer.echo(text, nl=False)
-    else:
-        out.write_text(text, encoding="utf-8")
+        return
+    with reported_errors():
+        try:
+            write_atomic(out, text)
+        except OutputError as exc:
+            raise UsageProblem(str(exc)) from None
 
 
 def register(app: typer.Typer) -> None:
