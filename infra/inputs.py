@@ -31,7 +31,7 @@ from policy.base import (
     check_dns_subdomain,
     check_service_name,
 )
-from policy.loader import locate, read_yaml
+from policy.loader import locate, read_document
 from policy.production import unlabelled_production
 from runtime.vllm import (
     BackendError,
@@ -73,7 +73,7 @@ def load_inputs(
     anything is built.
     """
     source = str(policy_path)
-    document = read_yaml(policy_path)
+    document = read_document(policy_path)
     policy = parse_policy(document, source)
     args: dict[str, list[str]] = {}
     problems: list[Problem] = []

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from policy import bounded_read
+from policy import bounded_read, fast_yaml
 from policy.base import InvariantViolation
 from policy.bounded_read import POLICY_BYTES
 from policy.images import image_warnings
@@ -97,20 +98,40 @@ def read_yaml(path: Path) -> Any:
     return parse_yaml(read_text(path), str(path))
 
 
+def parse_document(text: str, source: str) -> Any:
+    """The data ``parse_yaml`` reads, with line marks but without comments: libyaml's parse
+    (``policy.fast_yaml.Parsed``) where it reads the text alike ruamel, else ruamel's (whose
+    refusal is the one reported). Nesting past ``fast_yaml.MAX_DEPTH`` is one line."""
+    try:
+        return fast_yaml.parse(text)
+    except fast_yaml.TooDeep as exc:
+        message = f"invalid YAML: {exc} (expected a policy's few levels of mappings and lists)"
+        raise PolicyError([Problem(source, exc.line, "", message)]) from None
+    except (fast_yaml.Refused, yaml.YAMLError, YAMLError):
+        return parse_yaml(text, source)
+
+
+def read_document(path: Path) -> Any:
+    """``path`` read and parsed by ``parse_document``."""
+    return parse_document(read_text(path), str(path))
+
+
 def parse_policy(document: Any, source: str = "<policy>") -> PoolPolicy:
-    """Validate an already-parsed document; errors point at lines when it came from ruamel."""
-    if not isinstance(document, dict):
-        found = "an empty file" if document is None else type(document).__name__
+    """Validate an already-parsed document; errors point at lines when it came from ruamel or
+    ``parse_document``."""
+    data = document.data if isinstance(document, fast_yaml.Parsed) else document
+    if not isinstance(data, dict):
+        found = "an empty file" if data is None else type(data).__name__
         raise PolicyError([Problem(source, 1, "", f"expected a mapping at the top, found {found}")])
     try:
-        return PoolPolicy.model_validate(document)
+        return PoolPolicy.model_validate(data)
     except ValidationError as exc:
         raise PolicyError(_problems(exc, document, source)) from None
 
 
 def load_policy(path: Path = DEFAULT_POLICY) -> PoolPolicy:
     """Read and validate a policy file; raises PolicyError listing every problem."""
-    return parse_policy(read_yaml(path), str(path))
+    return parse_policy(read_document(path), str(path))
 
 
 def locate(
@@ -211,7 +232,9 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 
 
 def _line_of(document: Any, loc: list[str]) -> int:
-    """1-based line of the deepest node of ``loc`` present in the ruamel document."""
+    """1-based line of the deepest node of ``loc`` present in the parsed document."""
+    if isinstance(document, fast_yaml.Parsed):
+        return fast_yaml.line_of(document.node, loc)
     node, line = document, 1
     for part in loc:
         if isinstance(node, CommentedMap) and part in node:

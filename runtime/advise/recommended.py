@@ -16,6 +16,7 @@ from infra.builders.nodepools import Target
 from infra.diff import diff_documents
 from infra.pipeline import render_policy_file
 from policy.bounded_read import MODEL_CONFIG_BYTES, read_bytes
+from policy.loader import read_text
 from policy.pool import PoolPolicy
 from runtime.advise.levers import Variant
 from runtime.tuner.yamledit import edit_values
@@ -34,7 +35,7 @@ def recommended_files(
     """``recommended.yaml``, the model configs it names and ``recommended.diff``; raises
     ``PolicyError`` when the edited file does not validate (it always should: the sweep
     validated the variant)."""
-    text = policy_file.read_text(encoding="utf-8")
+    text = read_text(policy_file)
     edited, _ = edit_values(text, variant.edits)
     configs: dict[str, bytes] = {}
     for hf_config in sorted({w.hf_config for w in policy.workloads}):

@@ -15,8 +15,9 @@ import typer
 
 from infra.inputs import BundleInputs, load_inputs
 from policy import DEFAULT_POLICY, PoolPolicy
+from runtime.atomic_file import OutputError, write_atomic
 from runtime.cli.consoles import console, err_console
-from runtime.cli.errors import reported_errors
+from runtime.cli.errors import UsageProblem, reported_errors
 
 LOCAL_POLICY = Path("policy/pool.yaml")
 """A policy repository's own policy, relative to the current directory."""
@@ -114,8 +115,12 @@ def schema(
     text = json.dumps(PoolPolicy.model_json_schema(by_alias=True), indent=2, sort_keys=True) + "\n"
     if out is None:
         typer.echo(text, nl=False)
-    else:
-        out.write_text(text, encoding="utf-8")
+        return
+    with reported_errors():
+        try:
+            write_atomic(out, text)
+        except OutputError as exc:
+            raise UsageProblem(str(exc)) from None
 
 
 def register(app: typer.Typer) -> None:

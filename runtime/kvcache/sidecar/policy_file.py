@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from policy import PolicyError, PoolPolicy, Problem, parse_policy
-from policy.loader import parse_yaml, read_text
+from policy.loader import parse_document, read_text
 
 Outcome = Literal["unchanged", "loaded", "rejected"]
 
@@ -63,7 +63,7 @@ class PolicyFile:
             self._seen = digest
             return Reload("unchanged")
         try:
-            policy = parse_policy(parse_yaml(text, str(self.path)), str(self.path))
+            policy = parse_policy(parse_document(text, str(self.path)), str(self.path))
         except PolicyError as exc:
             return self._reject(digest, exc)
         self._seen = self.digest = digest

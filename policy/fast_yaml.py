@@ -1,0 +1,169 @@
+"""Edge: a policy's YAML parsed by libyaml (PyYAML's C loader), read as ruamel reads it.
+
+ruamel's round-trip loader is pure Python and keeps comments: about 130 µs a node, 20-50 s
+for a policy listing 150,000 nodes. libyaml composes the node tree in C, every node with its
+line mark, so one parse gives both the data to validate and the lines to report at. Scalars
+are resolved by ruamel's own YAML 1.2 rules (``yes``/``no``/``on``/``off`` stay strings,
+``0o17`` is octal, no sexagesimal), rarer scalars (octal, dates, ``.inf``) by ruamel itself.
+
+This loader only has to be right when it succeeds: whatever it refuses (a duplicate key, a
+tag, a ``%YAML`` directive, bad YAML) the caller parses again with ruamel, whose verdict and
+message stand. The exception is nesting, refused here at ``MAX_DEPTH`` as the tree is
+composed (libyaml's composer recurses in C, past Python's recursion guard).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.resolver import implicit_resolvers
+
+MAX_DEPTH: Final = 64
+"""Deepest nesting of mappings and lists read: a policy nests five or six levels."""
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A YAML document's plain data and the node tree it was built from (its line marks)."""
+
+    data: Any
+    node: yaml.Node | None
+
+
+class TooDeep(ValueError):
+    """Nesting past ``MAX_DEPTH``; ``line`` (1-based) is the node that holds the deeper ones."""
+
+    def __init__(self, line: int) -> None:
+        self.line = line
+        super().__init__(f"nested more than {MAX_DEPTH} levels deep")
+
+
+class Refused(ValueError):
+    """Something this loader does not read alike ruamel: the caller asks ruamel."""
+
+
+_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"[-+]?[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?")
+_BOOL = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+
+
+@functools.lru_cache(maxsize=4096)
+def _ruamel_scalar(text: str) -> Any:
+    """A plain scalar as ruamel's round-trip loader reads it (octal, dates, ``.inf``)."""
+    return YAML(typ="rt").load(text)
+
+
+class _Loader(yaml.CSafeLoader):
+    """libyaml's parser and composer; ruamel's YAML 1.2 resolvers (PyYAML's 1.1 ones are not
+    inherited); PyYAML's safe constructors, where they read alike ruamel."""
+
+    yaml_implicit_resolvers = {}  # noqa: RUF012 (PyYAML's class table, filled below)
+    yaml_constructors: ClassVar[dict[Any, Any]] = dict(yaml.CSafeLoader.yaml_constructors)
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.depth = 0
+
+    def descend_resolver(self, current_node: Any, current_index: Any) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise TooDeep(current_node.start_mark.line + 1)
+
+    def ascend_resolver(self) -> None:
+        self.depth -= 1
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
+        """PyYAML's ``resolve`` without its path resolvers (none are added): a third of the
+        parse of 150,000 node names went to their checks."""
+        if kind is yaml.ScalarNode:
+            if implicit[0]:
+                for tag, regexp in self.yaml_implicit_resolvers.get(value[:1], ()):
+                    if regexp.match(value):
+                        return str(tag)
+            return self.DEFAULT_SCALAR_TAG
+        if kind is yaml.SequenceNode:
+            return self.DEFAULT_SEQUENCE_TAG
+        return self.DEFAULT_MAPPING_TAG
+
+    def flatten_mapping(self, node: Any) -> None:
+        """Merge keys resolved, as PyYAML does, once each mapping's own keys are shown to be
+        plain and distinct (a merged mapping is flattened here too, never constructed)."""
+        keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+        if len(keys) != len(set(keys)) or len(keys) != len(node.value):
+            raise Refused("a duplicate or complex key")  # or one merged in before: ruamel decides
+        super().flatten_mapping(node)
+
+    def construct_undefined(self, node: Any) -> Any:
+        raise Refused(f"tag {node.tag}")
+
+
+def _scalar(loader: _Loader, node: Any) -> Any:
+    text = node.value
+    if node.tag.endswith(":bool") and text in _BOOL:
+        return _BOOL[text]
+    if node.tag.endswith(":int") and _INT.fullmatch(text):
+        return int(text)
+    if node.tag.endswith(":float") and _FLOAT.fullmatch(text):
+        return float(text)
+    if node.style is not None:
+        raise Refused("a quoted scalar with an implicit tag")
+    return _ruamel_scalar(text)
+
+
+for _versions, _tag, _regexp, _first in implicit_resolvers:
+    if (1, 2) in _versions:
+        compiled = re.compile(_regexp.pattern, _regexp.flags)  # not ruamel's lazy wrapper
+        _Loader.add_implicit_resolver(_tag, compiled, _first)
+for _tag in ("bool", "int", "float", "timestamp"):
+    _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _scalar)
+_Loader.add_constructor(None, _Loader.construct_undefined)
+
+
+def parse(text: str) -> Parsed:
+    """``text``'s data and node tree; raises ``TooDeep``, ``Refused`` or a ``yaml.YAMLError``
+    (bad YAML: the caller reports ruamel's message)."""
+    if re.search(r"^%YAML", text, re.M):
+        raise Refused("a version directive")  # 1.1 resolves scalars otherwise
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        data = None if node is None else loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        if "maximum nesting depth" in str(exc.problem) and exc.problem_mark is not None:
+            raise TooDeep(exc.problem_mark.line + 1) from None  # libyaml's own flow limit
+        raise
+    finally:
+        loader.dispose()
+    return Parsed(data, node)
+
+
+def line_of(node: yaml.Node | None, loc: list[str]) -> int:
+    """1-based line of the deepest node of ``loc`` present under ``node``.
+
+    A key merged in (``<<: *anchor``) is not the merging mapping's own: its mark lies outside
+    the mapping, and the line stays the mapping's (its parent key's, or its list entry's)."""
+    line = 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            start, end = node.start_mark.index, node.end_mark.index
+            found = [
+                (key, value)
+                for key, value in node.value
+                if isinstance(key, yaml.ScalarNode) and key.value == part
+            ]
+            if not found:
+                break
+            key, node = found[-1]
+            if start <= key.start_mark.index <= end:
+                line = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+            node = node.value[int(part)]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
