@@ -62,6 +62,7 @@ from runtime.sim.classes import (
     record_shed,
 )
 from runtime.sim.cluster import Cluster, Eviction, Node, Phase, Pod, Waiting
+from runtime.sim.counts import TokenCounts
 from runtime.sim.hpa import HpaSpec, HpaState, PodSample, reconcile
 from runtime.sim.production import ProductionGroup, ProductionRule, production_groups
 from runtime.sim.serving import (
@@ -70,7 +71,6 @@ from runtime.sim.serving import (
     Requests,
     StepLatencies,
     StepResult,
-    add_counts,
 )
 from runtime.sim.traces import ProductionTrace
 
@@ -175,6 +175,24 @@ class Series:
         return np.asarray(getattr(self, name), dtype=np.float64)
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """What one pooled step hands its recording phase besides the cluster's state."""
+
+    now: float
+    prod_need: int
+    """GPUs production's replicas asked for (phase 2)."""
+    prod_busy: float
+    """Production's busy GPU-equivalents in the trace (what it wanted to serve)."""
+    prod_busy_served: float
+    """The part of it production's running pods served (phase 4)."""
+    flex_tokens: int
+    evictions: list[Eviction]
+    """The step's preemptions (phase 3)."""
+    evaluated: bool
+    """Whether the budget was evaluated this step (phase 5)."""
+
+
 FIRST_MINUTE_S = 60.0
 """How long after an eviction the requests served count towards ``AfterEvictions``."""
 
@@ -193,16 +211,12 @@ class AfterEvictions:
 
 
 @dataclass
-class FleetTotals:
+class FleetTotals(TokenCounts):
+    """One fleet's counts over a replay (each step's ``StepResult`` added) and its requests'
+    fate at the end."""
+
     arrived: int = 0
-    completed: int = 0
     dropped: int = 0
-    output_tokens: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: float = 0.0
-    hit_tokens_with_tier: float = 0.0
-    hit_tokens_without_tier: float = 0.0
-    query_tokens: int = 0
     kv_tokens_lost: float = 0.0
     after_evictions: AfterEvictions = field(default_factory=AfterEvictions)
     shed: int = 0
@@ -364,7 +378,7 @@ def replay_fixed(
             result = fleets[name].serve(
                 now, settings.step_s, replicas[name], saturated=_shed(classes, name, saturation)
             )
-            add_counts(totals[name], result)
+            totals[name].add(result)
             tokens += result.output_tokens
             duty += result.busy * replicas[name] * f.workload.gpus_per_replica
         pools.serve(now, settings.step_s, lent, saturation)
@@ -516,7 +530,7 @@ class _ProductionPools:
         for pool, fleet in self.fleets.items():
             replicas = lent[pool][1] / self.demand[pool].replica_gpus
             result = fleet.serve(now, dt, replicas, saturated=saturation[pool] >= 1.0)
-            add_counts(self.totals[pool], result)
+            self.totals[pool].add(result)
 
     def close(self, fleets: Mapping[str, Fleet], settings: Settings) -> dict[str, ClassTotals]:
         """Each class's totals over the flex and production fleets at the replay's end."""
@@ -546,7 +560,7 @@ def _consolidate_after(policy: PoolPolicy) -> float:
 
 
 class _PooledLoop:
-    """State of one pooled replay; ``step`` runs the six phases of the module docstring."""
+    """State of one pooled replay; ``step`` runs the seven phases of the module docstring."""
 
     def __init__(
         self,
@@ -619,10 +633,25 @@ class _PooledLoop:
             self.series.capped[name] = []
 
     def step(self, step: int) -> None:
+        """One step: the seven phases of the module docstring, in that order
+        (docs/design/replay-loop.md says why)."""
         now = step * self.settings.step_s
-        c = self.cluster
-        c.advance(now)
+        evaluates = step % self.eval_every == 0
+        self.cluster.advance(now)
+        prod_need = self._scale(step, now)
+        evictions = self._schedule(step, now)
         _held, busy = self.trace.at(now)
+        served = self._production_duty(float(busy))
+        tokens = self._serve(now)
+        view = self._evaluate(now) if evaluates else None
+        self._autoscale(now)
+        self._record(StepRecord(now, prod_need, float(busy), served, tokens, evictions, evaluates))
+        if self.tuning is not None:
+            self._tune(now, evictions, view)
+
+    def _scale(self, step: int, now: float) -> int:
+        """Phase 2: every owner's ``spec.replicas`` and the pods the ReplicaSet controller
+        creates or deletes for it; returns the GPUs production's replicas ask for."""
         index = min(int(now // self.trace.step_s), self.trace.held.size - 1)
         # The first step is the cluster as the trace finds it: production already running.
         startup = 0.0 if step == 0 else self.settings.production.startup_s
@@ -633,29 +662,45 @@ class _PooledLoop:
             self._replicas(g.owner, replicas, now, self._production_pod(g, now, startup))
         for name, w in self.workloads.items():
             self._replicas(name, self.spec[name], now, self._flex_pod(w, now))
+        return want
+
+    def _schedule(self, step: int, now: float) -> list[Eviction]:
+        """Phase 3: bind pending pods; the flex replicas preempted drop their share of the
+        fleet's prefix cache and open an after-eviction minute."""
         # After the scale-downs (``_replicas`` accounts for those): only preemption is left.
         running = {name: self._running(name) for name in self.workloads}
-        evictions = c.schedule(now)
+        evictions = self.cluster.schedule(now)
         if step == 0:  # production found running serves from the first step
-            c.finish_startups(now)
+            self.cluster.finish_startups(now)
         for name in self.workloads:
             lost = running[name] - self._running(name)
             if lost > 0:
                 self.fleets[name].lose_replicas(lost, running[name], now)
                 self.totals[name].after_evictions.evicted_replicas += lost
                 self.evicted[name].append((now + FIRST_MINUTE_S, lost))
+        return evictions
+
+    def _production_duty(self, busy: float) -> float:
+        """Phase 4, production: each group's running pods take its share of the trace's busy
+        GPU-equivalents (no more than they hold); returns what they served in all."""
         served = 0.0
         for g in self.groups:
             gpus = self._running(g.owner) * g.gpus_per_replica
-            share = min(float(busy) * g.share, float(gpus))
+            share = min(busy * g.share, float(gpus))
             self.prod_util[g.owner] = share / gpus if gpus else 0.0
             served += share
-        tokens = 0
+        return served
+
+    def _serve(self, now: float) -> int:
+        """Phase 4, requests: every flex fleet on its running replicas, then the production
+        pools' classes on the GPU time production leaves idle, each pool's picker shedding
+        while it is saturated; returns the flex output tokens of the step."""
         lent = {
             pool: self.pools.lent(pool, self._running, self.prod_util) for pool in self.pools.fleets
         }
         running = {name: self._running(name) for name in self.fleets}
         saturation = _saturation(self.plan, self.fleets, running, self.pools, lent)
+        tokens = 0
         for name, fleet in self.fleets.items():
             result = fleet.serve(
                 now,
@@ -664,56 +709,54 @@ class _PooledLoop:
                 saturated=_shed(self.plan, name, saturation),
             )
             self.flex_util[name] = result.busy
-            add_counts(self.totals[name], result)
+            self.totals[name].add(result)
             self._after_evictions(name, now, result)
             tokens += result.output_tokens
         self.pools.serve(now, self.settings.step_s, lent, saturation)
         if self.plan is not None:
             fleets = [*self.fleets.values(), *self.pools.fleets.values()]
             record_shed(self.pools.class_totals, fleets, self.plan)
-        util = self.prod_util | self.flex_util
-        duty = _pool_duty(c, util)
+        return tokens
+
+    def _evaluate(self, now: float) -> ExporterView | None:
+        """Phase 5: what the exporters report now, and the recording rules on it (each
+        workload's budget and held GPUs, whether production needs GPUs back). Returns the
+        per-pod view when an observer or the tuner needs it (else the tallies serve)."""
+        c, util = self.cluster, self.prod_util | self.flex_util
+        exports: Exports
         view: ExporterView | None = None
-        if step % self.eval_every == 0:
-            exports: Exports
-            if self.observe is None and self.tuning is None:
-                exports = Tallies(c, now, util, dict(self.spec), self.identity)
-            else:
-                view = _exporter_view(c, now, util, self.spec, self.identity, self.pod_states)
-                if self.observe is not None:
-                    self.observe(now, view)
-                exports = view
-            room = spare(self.policy, exports)
-            load = production_utilization(self.policy, exports)
-            self.production_needs = (room is not None and room < 0) or (
-                load is not None and load > self.policy.elastic.shed_while_production_above
-            )
-            for name, w in self.workloads.items():
-                self.budget[name] = budget(self.policy, w, exports)
-                self.held[name] = held(self.policy, w, exports)
-        waiting = [now - p.pending_since for p in c.by_phase[Phase.PENDING] if p.production]
-        self_shed = over = 0
+        if self.observe is None and self.tuning is None:
+            exports = Tallies(c, now, util, dict(self.spec), self.identity)
+        else:
+            view = _exporter_view(c, now, util, self.spec, self.identity, self.pod_states)
+            if self.observe is not None:
+                self.observe(now, view)
+            exports = view
+        room = spare(self.policy, exports)
+        load = production_utilization(self.policy, exports)
+        self.production_needs = (room is not None and room < 0) or (
+            load is not None and load > self.policy.elastic.shed_while_production_above
+        )
         for name, w in self.workloads.items():
-            b = self.budget[name]
-            if b is not None:
-                if b < self.held[name] and not self.production_needs:
-                    self_shed += 1
-                if step % self.eval_every == 0:  # against the state it was computed from
-                    over = max(over, int(b - self._placeable(name, w)))
+            self.budget[name] = budget(self.policy, w, exports)
+            self.held[name] = held(self.policy, w, exports)
+        return view
+
+    def _autoscale(self, now: float) -> None:
+        """Phase 6: each flex HPA on the latest recorded budget (None: no metric yet)."""
+        for name in self.workloads:
             self.spec[name] = reconcile(
                 self.hpas[name],
                 self.hpa_state[name],
                 now_s=now,
                 current_replicas=self.spec[name],
-                metric=b,
+                metric=self.budget[name],
             )
-            bound = self.hpas[name].max_replicas
-            self.series.capped[name].append(b is not None and b > bound * w.gpus_per_replica)
-        self.series.prod_busy.append(float(busy))
-        self.series.prod_wait_max_s.append(max(waiting, default=0.0))
-        self._record(now, want, len(waiting), served, duty, evictions, tokens, self_shed, over)
-        if self.tuning is None:
-            return
+
+    def _tune(self, now: float, evictions: list[Eviction], view: ExporterView | None) -> None:
+        """Phase 7: keep the flex disruptions for the tuner's eviction series; at an
+        evaluation, hand it the loop's state and adopt the policy it returns."""
+        assert self.tuning is not None
         self.flex_evictions.extend((now, e.reason) for e in evictions if not e.pod.production)
         if view is not None:
             retune = self.tuning.observe(self._state(now, view))
@@ -867,18 +910,9 @@ class _PooledLoop:
             placeable += self.cluster.pool_gpus(pool.name) - other
         return placeable
 
-    def _record(
-        self,
-        now: float,
-        want: int,
-        prod_pending: int,
-        served: float,
-        duty: dict[str, float],
-        evictions: list[Eviction],
-        tokens: int,
-        self_shed: int,
-        over: int,
-    ) -> None:
+    def _record(self, rec: StepRecord) -> None:
+        """The step's ``Series`` values, read from the cluster and the loop as the step left
+        them (the HPAs changed replica counts only, no pod)."""
         c = self.cluster
         production = c.owners()
         prod = flex = flex_running = 0
@@ -895,12 +929,16 @@ class _PooledLoop:
                     flex_running += gpus
                     flex_busy += gpus * self.flex_util[owner]
         total = sum(c.pool_gpus(p) for p in c.nodes)
+        pending = [p for p in c.by_phase[Phase.PENDING] if p.production]
+        self_shed, over = self._budget_checks(rec.evaluated)
         self.series.append(
-            t=now,
-            prod_need=want,
+            t=rec.now,
+            prod_need=rec.prod_need,
             prod_gpus=prod,
-            prod_pending=prod_pending,
-            prod_busy_served=served,
+            prod_pending=len(pending),
+            prod_wait_max_s=max((rec.now - p.pending_since for p in pending), default=0.0),
+            prod_busy_served=rec.prod_busy_served,
+            prod_busy=rec.prod_busy,
             flex_gpus=flex,
             flex_running_gpus=flex_running,
             flex_pending=sum(
@@ -909,12 +947,15 @@ class _PooledLoop:
             flex_duty=flex_busy / flex_running if flex_running else 0.0,
             free_gpus=total - prod - flex,
             total_gpus=total,
-            evictions=sum(1 for e in evictions if not e.pod.production),
-            flex_tokens=tokens,
+            evictions=sum(1 for e in rec.evictions if not e.pod.production),
+            flex_tokens=rec.flex_tokens,
             self_shed=self_shed,
             budget_over_free=max(over, 0),
         )
-        for pool, mean in duty.items():
+        for name, w in self.workloads.items():
+            b, top = self.budget[name], self.hpas[name].max_replicas
+            self.series.capped[name].append(b is not None and b > top * w.gpus_per_replica)
+        for pool, mean in _pool_duty(c, self.prod_util | self.flex_util).items():
             self.series.util_by_pool[pool].append(mean)
             size = c.pool_gpus(pool)
             self.series.alloc_by_pool[pool].append(
@@ -924,9 +965,24 @@ class _PooledLoop:
             self.series.flex_by_pool[pool].append(
                 sum(gpus for owner, gpus in running.items() if not production[owner])
             )
-        causes = [c.waiting(p, now) for p in c.by_phase[Phase.PENDING] if p.production]
+        causes = [c.waiting(p, rec.now) for p in pending]
         for cause in Waiting:
             self.series.prod_pending_by_cause[cause].append(causes.count(cause))
+
+    def _budget_checks(self, evaluated: bool) -> tuple[int, int]:
+        """(workloads shedding on their own, GPUs of budget beyond what their pools could
+        place): the first whenever a budget is known, the second only at an evaluation
+        (against the cluster it was computed from)."""
+        self_shed = over = 0
+        for name, w in self.workloads.items():
+            b = self.budget[name]
+            if b is None:
+                continue
+            if b < self.held[name] and not self.production_needs:
+                self_shed += 1
+            if evaluated:
+                over = max(over, int(b - self._placeable(name, w)))
+        return self_shed, over
 
     def close(self) -> dict[str, FleetTotals]:
         _close(self.fleets, self.totals, self.settings)

@@ -47,6 +47,8 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from runtime.sim.counts import TokenCounts
+
 Array = NDArray[np.float64]
 
 CHUNK = 4096
@@ -121,18 +123,12 @@ class Requests:
         return Requests(**{k: v[order] for k, v in cat.items()}, backlog=streams[0].backlog)
 
 
-@dataclass
-class StepResult:
+@dataclass(kw_only=True)
+class StepResult(TokenCounts):
+    """One step of a fleet: its counts and how busy it was."""
+
     busy: float
     """Share of the fleet's replica-seconds spent serving (the replicas' duty cycle)."""
-    completed: int = 0
-    output_tokens: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: float = 0.0
-    """Prefix hits as served (with the tier when the fleet preserves its KV, else without)."""
-    hit_tokens_with_tier: float = 0.0
-    hit_tokens_without_tier: float = 0.0
-    query_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -371,7 +367,7 @@ class Fleet:
         arrived = BOUNDLESS if backlog else self.arrived(now + dt)
         result = self._serve(now, dt, replicas, arrived)
         if self.admission is not None and self._pending is not None:
-            add_counts(result, self._pending)
+            result.add(self._pending)
             self._pending = None
         return result
 
@@ -618,22 +614,3 @@ class Fleet:
             lost=self.lost.copy(),
             drained=self.drained.copy(),
         )
-
-
-STEP_COUNTS = (
-    "completed",
-    "output_tokens",
-    "prompt_tokens",
-    "hit_tokens",
-    "hit_tokens_with_tier",
-    "hit_tokens_without_tier",
-    "query_tokens",
-)
-"""The fields of ``StepResult`` that add up over steps and fleets (``busy`` is a share)."""
-
-
-def add_counts(into: object, step: StepResult) -> None:
-    """Add ``step``'s ``STEP_COUNTS`` to the same fields of ``into`` (a later step's result,
-    or a fleet's running totals)."""
-    for name in STEP_COUNTS:
-        setattr(into, name, getattr(into, name) + getattr(step, name))
