@@ -36,8 +36,11 @@ Cloud = Literal["aws", "azure", "gcp", "none"]
 """Karpenter provider whose well-known labels select a pool's GPUs (``none``: the policy's
 ``requirements`` alone)."""
 
-_KARPENTER_DURATION = r"^([0-9]+(s|m|h))+$"
+_DURATION_RUN = r"([0-9]+(s|m|h))+"
+_KARPENTER_DURATION = rf"^{_DURATION_RUN}$"
 """Karpenter's duration pattern (``30s``, ``10m``, ``720h``, ``1h30m``)."""
+_KARPENTER_DURATION_OR_NEVER = rf"^({_DURATION_RUN}|Never)$"
+"""The NodePool CRD's pattern of a duration that may be switched off (``Never``)."""
 
 KARPENTER_DURATION_MAX_S = 8784 * 3600
 """Longest Karpenter duration gpupool accepts (8784h, a leap year): a node's lifetime and
@@ -306,12 +309,12 @@ class KarpenterSettings(StrictModel):
     """``karpenter.sh/capacity-type`` values; flex pools may add ``spot``."""
     consolidation_policy: Literal["WhenEmpty", "WhenEmptyOrUnderutilized"] = "WhenEmpty"
     """When Karpenter may remove nodes. ``WhenEmpty`` never disrupts running GPU pods."""
-    consolidate_after: str = Field("10m", pattern=r"^(([0-9]+(s|m|h))+|Never)$")
+    consolidate_after: str = Field("10m", pattern=_KARPENTER_DURATION_OR_NEVER)
     """How long a node must be empty (or underused) before Karpenter removes it (``30s``,
     ``10m``, ``1h``, or ``Never``: the NodePool CRD's pattern)."""
     disruption_budget_nodes: str = Field("10%", pattern=r"^((100|[0-9]{1,2})%|[0-9]+)$")
     """Most nodes Karpenter may disrupt at once in this pool: a count (``2``) or ``0-100%``."""
-    expire_after: str = Field("720h", pattern=r"^(([0-9]+(s|m|h))+|Never)$")
+    expire_after: str = Field("720h", pattern=_KARPENTER_DURATION_OR_NEVER)
     """Age at which Karpenter replaces a node (``720h``, Karpenter's default, or ``Never``).
     Expiry is forceful: budgets do not delay it, and with ``termination_grace_period`` set,
     pods still running at that deadline are deleted."""
