@@ -14,10 +14,11 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
-from policy import bounded_read
+import policy.bounded_read as bounded_read
 from policy.base import InvariantViolation
 from policy.bounded_read import POLICY_BYTES
-from policy.images import image_warnings
+from policy.effects import pool_warnings
+from policy.image_pins import image_warnings
 from policy.migrations import RENAMED_FIELDS
 from policy.placeholders import placeholder_warnings
 from policy.pool import PoolPolicy
@@ -128,7 +129,7 @@ def policy_warnings(
     ``validate`` and ``render`` print them after the file is accepted; ``document`` is the
     parsed YAML the policy came from (its lines), None when there is none.
     """
-    found = [*policy.warnings(), *image_warnings(policy), *placeholder_warnings(policy)]
+    found = [*pool_warnings(policy), *image_warnings(policy), *placeholder_warnings(policy)]
     return sorted(
         (locate(document, source, path, message, "warning") for path, message in found),
         key=lambda p: (p.line, p.path),

@@ -17,8 +17,8 @@ from rich.console import Console
 from infra.inputs import BundleInputs, load_inputs
 from policy import PolicyError, PoolPolicy, Problem
 from policy.base import check_dns_label
+from policy.effects import unlabelled_production
 from policy.placeholders import placeholder_warnings
-from policy.production import unlabelled_production
 from runtime.atomic_file import OutputError, write_files
 from runtime.cli.errors import err_console, reported_errors
 from runtime.cli.policy_commands import LOCAL_POLICY
