@@ -31,8 +31,8 @@ from policy.base import (
     check_dns_subdomain,
     check_service_name,
 )
+from policy.effects import unlabelled_production
 from policy.loader import locate, read_document
-from policy.production import unlabelled_production
 from runtime.vllm import (
     BackendError,
     KvPlanError,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from decimal import Decimal
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from policy.quantity import parse_quantity
 
 _DURATION = re.compile(
     r"(?:([0-9]+)y)?(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?"
@@ -219,13 +220,6 @@ def _check_prometheus_label(value: str) -> str:
     return value
 
 
-_QUANTITY_SUFFIXES = {
-    "": Decimal(1),
-    "m": Decimal("0.001"),
-    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTP")},
-    **{f"{s}i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTP")},
-}
-
 QUANTITY_MAX = 2**63 - 1
 """Largest quantity Kubernetes stores (``resource.Quantity`` caps larger ones silently)."""
 
@@ -234,8 +228,7 @@ def _check_quantity(value: str) -> str:
     match = _QUANTITY.fullmatch(value)
     if match is None:
         raise ValueError(f"expected a Kubernetes quantity such as 500m, 16Gi or 2, found {value!r}")
-    number = value[: len(value) - len(match[2] or "")]
-    if Decimal(number) * _QUANTITY_SUFFIXES[match[2] or ""] > QUANTITY_MAX:
+    if parse_quantity(value) > QUANTITY_MAX:
         raise ValueError(
             f"expected a Kubernetes quantity of at most 2^63-1 (about 8 EiB) such as 16Gi, found "
             f"{value!r}"

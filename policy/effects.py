@@ -2,7 +2,7 @@
 
 Each rule here is valid (the cluster accepts what it renders) but keeps flex from growing,
 sheds it whenever production does anything, reserves nearly every GPU, or keeps production
-waiting minutes for the GPUs of a preempted flex pod. ``PoolPolicy.warnings`` adds them;
+waiting minutes for the GPUs of a preempted flex pod. ``pool_warnings`` adds them;
 ``gpupool validate`` prints them and exits 0. The effects are the budget's own arithmetic
 (docs/policy.md, "How the flex budget is computed"); tests/policy/test_effects.py measures
 each with the what-if engine on the bundled traces.
@@ -10,10 +10,7 @@ each with the what-if engine on the bundled traces.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from policy.pool import PoolPolicy
+from policy.pool import PoolPolicy
 
 GROW_BELOW_MIN = 0.05
 """Below this ``elastic.grow_while_production_below``, flex grows only while production is
@@ -30,6 +27,33 @@ rest at most, and sheds flex as soon as production allocates into the reserve.""
 PROD_WAIT_MAX_S = 300
 """A flex pod's exit that may take longer than this keeps production pending for minutes:
 a preempted pod holds its GPUs until it exits."""
+
+
+def pool_warnings(policy: PoolPolicy) -> list[tuple[str, str]]:
+    """``(field path, message)`` for what is valid but probably not meant (never errors).
+
+    A flex workload whose explicit ``max_replicas`` cannot all be scheduled on the pools it
+    may use: the HPA may ask for replicas that stay Pending. Replicas fit per node, so
+    3-GPU replicas on 8-GPU nodes count 2 per node. Then the settings that keep flex from
+    growing, shed it at once, reserve nearly every GPU or keep production pending for
+    minutes (below)."""
+    out = effect_warnings(policy)
+    for i, w in enumerate(policy.workloads):
+        if w.max_replicas == "auto":
+            continue
+        fit = policy.replica_capacity(w)
+        if w.max_replicas > fit:
+            names = ", ".join(repr(p.name) for p in policy.pools_for(w))
+            out.append(
+                (
+                    f"workloads.{i}.max_replicas",
+                    f"max_replicas ({w.max_replicas}) x gpus_per_replica "
+                    f"({w.gpus_per_replica}) exceeds the pools it may use ({names}): at "
+                    f"most {fit} such replicas fit there at max_nodes; the rest would stay "
+                    "Pending: use max_replicas: auto, lower it or raise the pools' max_nodes",
+                )
+            )
+    return out
 
 
 def effect_warnings(policy: PoolPolicy) -> list[tuple[str, str]]:
@@ -127,3 +151,28 @@ def _exit_warnings(policy: PoolPolicy) -> list[tuple[str, str]]:
             f"{PROD_WAIT_MAX_S} s, e.g. 45",
         )
     ]
+
+
+def unlabelled_production(policy: PoolPolicy) -> tuple[str, str] | None:
+    """``(field path, message)`` when the ``labels`` target would label no prod-pool node
+    although production references are declared, else None.
+
+    Their Component requires the pool label on a node (``<pool_label> In [prod, flex...]``)
+    and prefers the prod pool; with no prod node labelled, production pods rescheduled after
+    it is applied (their next rollout) have nowhere to go but flex, or nowhere at all. The
+    order is: list the nodes, apply the bundle (which labels them), then the Component.
+    """
+    if not policy.production:
+        return None
+    index, prod = next((i, p) for i, p in enumerate(policy.node_pools) if p.role == "prod")
+    if prod.nodes:
+        return None
+    refs = ", ".join(w.ref for w in policy.production)
+    return (
+        f"node_pools.{index}.nodes",
+        f"the labels target labels no {prod.name} node, yet production ({refs}) will require "
+        f"{policy.cluster.pool_label} on its nodes: list the {prod.name} nodes here first, "
+        "apply the rendered bundle so they carry the label, and only then add _production to "
+        "the production kustomization (or render --target karpenter, whose NodePools label "
+        "their nodes)",
+    )

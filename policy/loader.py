@@ -15,10 +15,12 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from policy import bounded_read, fast_yaml
+import policy.bounded_read as bounded_read
+import policy.fast_yaml as fast_yaml
 from policy.base import InvariantViolation
 from policy.bounded_read import POLICY_BYTES
-from policy.images import image_warnings
+from policy.effects import pool_warnings
+from policy.image_pins import image_warnings
 from policy.migrations import RENAMED_FIELDS
 from policy.placeholders import placeholder_warnings
 from policy.pool import PoolPolicy
@@ -149,7 +151,7 @@ def policy_warnings(
     ``validate`` and ``render`` print them after the file is accepted; ``document`` is the
     parsed YAML the policy came from (its lines), None when there is none.
     """
-    found = [*policy.warnings(), *image_warnings(policy), *placeholder_warnings(policy)]
+    found = [*pool_warnings(policy), *image_warnings(policy), *placeholder_warnings(policy)]
     return sorted(
         (locate(document, source, path, message, "warning") for path, message in found),
         key=lambda p: (p.line, p.path),

@@ -15,7 +15,6 @@ from policy.base import (
     StrictModel,
 )
 from policy.disruption import Disruption
-from policy.effects import effect_warnings
 from policy.elastic import Autoscaling, ElasticThresholds
 from policy.images import ImageReference
 from policy.kvcache import KvCache
@@ -291,32 +290,6 @@ class PoolPolicy(StrictModel):
                     "a node belongs to exactly one pool; expected each node once",
                 )
 
-    def warnings(self) -> list[tuple[str, str]]:
-        """``(field path, message)`` for what is valid but probably not meant (never errors).
-
-        A flex workload whose explicit ``max_replicas`` cannot all be scheduled on the pools it
-        may use: the HPA may ask for replicas that stay Pending. Replicas fit per node, so
-        3-GPU replicas on 8-GPU nodes count 2 per node. Then the settings that keep flex from
-        growing, shed it at once, reserve nearly every GPU or keep production pending for
-        minutes (``policy.effects``)."""
-        out = effect_warnings(self)
-        for i, w in enumerate(self.workloads):
-            if w.max_replicas == "auto":
-                continue
-            fit = self.replica_capacity(w)
-            if w.max_replicas > fit:
-                names = ", ".join(repr(p.name) for p in self.pools_for(w))
-                out.append(
-                    (
-                        f"workloads.{i}.max_replicas",
-                        f"max_replicas ({w.max_replicas}) x gpus_per_replica "
-                        f"({w.gpus_per_replica}) exceeds the pools it may use ({names}): at "
-                        f"most {fit} such replicas fit there at max_nodes; the rest would stay "
-                        "Pending: use max_replicas: auto, lower it or raise the pools' max_nodes",
-                    )
-                )
-        return out
-
     def _check_production(self, found: Invariants) -> None:
         """Rules between ``production`` and the pools (the reserve as production's headroom).
 
@@ -439,6 +412,6 @@ class PoolPolicy(StrictModel):
     @model_validator(mode="after")
     def _serving_rules(self) -> PoolPolicy:
         found = Invariants()
-        check_serving(self, found)
+        check_serving(self.serving, self.priorities, self.kv_cache, self.production, found)
         found.raise_if_any()
         return self

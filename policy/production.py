@@ -9,7 +9,7 @@ workloads"). The rules that involve the node pools live on ``PoolPolicy``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -22,9 +22,6 @@ from policy.base import (
     is_label_key,
     is_label_value,
 )
-
-if TYPE_CHECKING:
-    from policy.pool import PoolPolicy
 
 ProductionKind = Literal["Deployment", "StatefulSet"]
 """Kinds a production reference may name (both ``apps/v1``, both with a pod template)."""
@@ -163,28 +160,3 @@ class ProductionWorkload(StrictModel):
                 )
         found.raise_if_any()
         return self
-
-
-def unlabelled_production(policy: PoolPolicy) -> tuple[str, str] | None:
-    """``(field path, message)`` when the ``labels`` target would label no prod-pool node
-    although production references are declared, else None.
-
-    Their Component requires the pool label on a node (``<pool_label> In [prod, flex...]``)
-    and prefers the prod pool; with no prod node labelled, production pods rescheduled after
-    it is applied (their next rollout) have nowhere to go but flex, or nowhere at all. The
-    order is: list the nodes, apply the bundle (which labels them), then the Component.
-    """
-    if not policy.production:
-        return None
-    index, prod = next((i, p) for i, p in enumerate(policy.node_pools) if p.role == "prod")
-    if prod.nodes:
-        return None
-    refs = ", ".join(w.ref for w in policy.production)
-    return (
-        f"node_pools.{index}.nodes",
-        f"the labels target labels no {prod.name} node, yet production ({refs}) will require "
-        f"{policy.cluster.pool_label} on its nodes: list the {prod.name} nodes here first, "
-        "apply the rendered bundle so they carry the label, and only then add _production to "
-        "the production kustomization (or render --target karpenter, whose NodePools label "
-        "their nodes)",
-    )

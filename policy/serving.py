@@ -16,7 +16,8 @@ at all) is a stack option, not a policy field: it depends on what the cluster ru
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -30,10 +31,10 @@ from policy.base import (
     StrictModel,
 )
 from policy.images import ImageReference
+from policy.kvcache import KvCache
+from policy.priorities import Priorities
+from policy.production import ProductionWorkload
 from policy.workloads import ModelName, Resources
-
-if TYPE_CHECKING:
-    from policy.pool import PoolPolicy
 
 Tier = Literal["production", "flex"]
 """Which instances serve a traffic class: the owner's production pods or gpupool's flex pods."""
@@ -253,16 +254,22 @@ class Serving(StrictModel):
         return self
 
 
-def check_serving(policy: PoolPolicy, found: Invariants) -> None:
-    """Add to ``found`` every broken serving rule that involves another section.
+def check_serving(
+    serving: Serving | None,
+    priorities: Priorities,
+    kv: KvCache,
+    production: Sequence[ProductionWorkload],
+    found: Invariants,
+) -> None:
+    """Add to ``found`` every broken serving rule that involves another section (the
+    sections as arguments, so this module needs none of ``PoolPolicy``).
 
     None reads ``workloads``: the sidecars' policy ConfigMap drops them and must still load.
     What a serving mode needs of the workloads (one port per pool) is checked where the mode
     is known, by ``infra.inputs.load_inputs``."""
-    serving = policy.serving
     if serving is None:
         return
-    idle = policy.priorities.idle_inference
+    idle = priorities.idle_inference
     for i, c in enumerate(serving.traffic_classes):
         found.require(
             c.served_by != "flex" or c.sheddable,
@@ -274,7 +281,6 @@ def check_serving(policy: PoolPolicy, found: Invariants) -> None:
         )
     # page_table_max_usage, the picker's kvCacheUtilThreshold, lies in (0, 1] as it requires:
     # KvCache keeps it above compaction_usage_below >= 0.
-    kv = policy.kv_cache
     picker = serving.endpoint_picker
     found.require(
         picker.prefix_cache_scorer_weight == 0 or kv.prefix_caching,
@@ -283,12 +289,14 @@ def check_serving(policy: PoolPolicy, found: Invariants) -> None:
         "kv_cache.prefix_caching is off: no instance keeps a prefix to find; expected weight "
         "0 or prefix_caching: true",
     )
-    _check_production(policy, serving, found)
+    _check_production(production, serving, found)
 
 
-def _check_production(policy: PoolPolicy, serving: Serving, found: Invariants) -> None:
+def _check_production(
+    production: Sequence[ProductionWorkload], serving: Serving, found: Invariants
+) -> None:
     """Production instances are production workloads' pods, and no pool takes another's."""
-    production_namespaces = sorted({w.namespace for w in policy.production})
+    production_namespaces = sorted({w.namespace for w in production})
     for i, m in enumerate(serving.models):
         if m.production is None:
             continue

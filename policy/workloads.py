@@ -21,6 +21,7 @@ from policy.base import (
     StrictModel,
 )
 from policy.images import ImageReference
+from policy.quantity import parse_quantity
 
 AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
 """PersistentVolumeClaim access modes vLLM can write to (``ReadOnlyMany`` cannot hold
@@ -96,22 +97,7 @@ class Resources(StrictModel):
 
 def quantity_bytes(quantity: str) -> float:
     """A validated Kubernetes quantity (``Quantity``) as a number."""
-    match = re.fullmatch(r"([0-9.]+)(.*)", quantity)
-    assert match is not None  # Quantity validated the format
-    return float(match[1]) * _QUANTITY_FACTORS[match[2]]
-
-
-_QUANTITY_FACTORS = {
-    "": 1,
-    "m": 1e-3,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "P": 1e15,
-    **{f"{unit}i": 1024.0 ** (i + 1) for i, unit in enumerate("KMGTP")},
-}
-"""Multipliers of Kubernetes quantity suffixes (decimal and binary)."""
+    return float(parse_quantity(quantity))
 
 
 MAX_NUM_SEQS = 65536

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from infra.builders.pod import container_security
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
 from runtime.kvcache.in_vllm.plugin import ENABLE_ENV, SOCKET_ENV, TOKEN_FILE_ENV
@@ -45,13 +46,6 @@ CONTROL_VOLUME, TOKEN_VOLUME, POLICY_VOLUME, PLUGIN_VOLUME, COMPACTION_TOKEN_VOL
     "gpupool-plugin",
     "gpupool-compaction-token",
 )
-CONTAINER_SECURITY: dict[str, Any] = {
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "runAsNonRoot": True,
-    "capabilities": {"drop": ["ALL"]},
-}
-"""securityContext of gpupool's own containers (Pod Security ``restricted``)."""
 
 
 def token_secret_name(workload: FlexWorkload) -> str:
@@ -116,7 +110,7 @@ def plugin_installer(policy: PoolPolicy) -> dict[str, Any]:
             "requests": {"cpu": "50m", "memory": "32Mi"},
             "limits": {"cpu": "250m", "memory": "64Mi"},
         },
-        "securityContext": dict(CONTAINER_SECURITY),
+        "securityContext": container_security(),
     }
 
 
@@ -190,5 +184,5 @@ def compaction_sidecar(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, 
             "requests": {"cpu": "50m", "memory": "96Mi"},
             "limits": {"cpu": "250m", "memory": "192Mi"},
         },
-        "securityContext": dict(CONTAINER_SECURITY),
+        "securityContext": container_security(),
     }

@@ -15,8 +15,8 @@ from typing import Any
 
 from infra.builders.compaction_sidecar import COMPACTION_TOKEN_DIR, compaction_service_address
 from infra.builders.meta import Manifest, metadata, selector_labels
+from infra.builders.pod import container_security, pod_security, pull_secrets
 from infra.builders.rbac import TUNER_SERVICE_ACCOUNT
-from infra.builders.workload import pod_security, pull_secrets
 from policy import PoolPolicy
 from policy.tuner import Tuner
 
@@ -179,15 +179,6 @@ def git_env(settings: Tuner) -> list[dict[str, Any]]:
     return env
 
 
-def _container_security() -> dict[str, Any]:
-    return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-    }
-
-
 def _git_secret(settings: Tuner) -> str | None:
     """The git credentials Secret, when the repository needs one."""
     return None if settings.policy_repo_auth == "none" else settings.policy_repo_secret
@@ -218,7 +209,7 @@ def clone_container(policy: PoolPolicy) -> Manifest:
             *git_env(settings),
         ],
         "resources": {"requests": dict(TUNER_RESOURCES), "limits": dict(TUNER_RESOURCES)},
-        "securityContext": _container_security(),
+        "securityContext": container_security(),
         "volumeMounts": _mounts(settings),
     }
 
@@ -248,7 +239,7 @@ def tuner_container(policy: PoolPolicy) -> Manifest:
         # a listener that stops answering is restarted (the cycle loop runs beside it)
         "livenessProbe": probe | {"periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 3},
         "resources": {"requests": tuner_resources(policy), "limits": tuner_resources(policy)},
-        "securityContext": _container_security(),
+        "securityContext": container_security(),
         "volumeMounts": [*_mounts(settings), *tokens],
     }
 

@@ -23,12 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from infra.builders.compaction_sidecar import CONTAINER_SECURITY
 from infra.builders.meta import Manifest, labels, metadata, selector_labels
 from infra.builders.network import endpoint_picker_network_policy
+from infra.builders.pod import container_security, pod_security, pull_secrets
 from infra.builders.rbac import POOL_GROUP, endpoint_picker_rbac
 from infra.builders.scraping import endpoint_picker_pod_monitor
-from infra.builders.workload import pod_security, pull_secrets
 from infra.yaml_text import to_yaml
 from policy import PoolPolicy
 from policy.serving import ServedModel, Serving, Tier, TrafficClass
@@ -321,7 +320,7 @@ def _picker_container(policy: PoolPolicy, pool: Pool, api: ObjectiveApi) -> Mani
         "readinessProbe": probe,
         "livenessProbe": probe,
         "resources": {"requests": dict(limits), "limits": limits},
-        "securityContext": CONTAINER_SECURITY,
+        "securityContext": container_security(),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},

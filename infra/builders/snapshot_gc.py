@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from infra.builders.compaction_sidecar import (
-    CONTAINER_SECURITY,
     PLUGIN_TREE,
     PLUGIN_VOLUME,
     POLICY_CONFIGMAP,
@@ -22,6 +21,7 @@ from infra.builders.compaction_sidecar import (
     POLICY_VOLUME,
     metrics_endpoint,
 )
+from infra.builders.pod import container_security
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
 from runtime.kvcache.preservation.status import POD_ENV
@@ -95,5 +95,5 @@ def snapshot_gc(policy: PoolPolicy, workload: FlexWorkload) -> dict[str, Any]:
             "requests": {"cpu": "50m", "memory": "96Mi"},
             "limits": {"cpu": "500m", "memory": "256Mi"},
         },
-        "securityContext": dict(CONTAINER_SECURITY),
+        "securityContext": container_security(),
     }

@@ -25,6 +25,7 @@ from infra.builders.compaction_sidecar import (
 )
 from infra.builders.meta import PART_OF, Manifest, metadata, selector_labels
 from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT, Target
+from infra.builders.pod import container_security, pod_security, pull_secrets
 from infra.builders.rbac import FLEX_SERVICE_ACCOUNT
 from infra.builders.snapshot_gc import (
     preserving,
@@ -61,12 +62,6 @@ HF_TOKEN_KEY = "token"
 
 VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 """Entry point of the OpenAI-compatible server; the args come from ``runtime.vllm``."""
-
-NON_ROOT_UID = 10001
-"""UID/GID every container gpupool renders runs as (the upstream vLLM image defaults to root;
-the runtime image's user has this UID): above the 0-9999 range of host and image users, so
-a container escape does not land on a real account. One pod-level user, because the
-compaction sidecar and vLLM share a mode-0600 socket."""
 
 HEALTH_PATH = "/health"
 """vLLM's health endpoint: 200 once the engine serves, 5xx when the engine died."""
@@ -190,23 +185,6 @@ def readiness_command(port: int, timeout_s: int) -> list[str]:
 def model_cache_claim_name(workload: FlexWorkload) -> str:
     """Name of the workload's shared model-cache PersistentVolumeClaim."""
     return f"{workload.name}-model-cache"
-
-
-def pod_security() -> Manifest:
-    """Pod ``securityContext`` of every pod gpupool renders (Pod Security ``restricted``)."""
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": NON_ROOT_UID,
-        "runAsGroup": NON_ROOT_UID,
-        "fsGroup": NON_ROOT_UID,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def pull_secrets(policy: PoolPolicy) -> Manifest:
-    """``imagePullSecrets`` of a pod spec (``cluster.image_pull_secrets``); none: no field."""
-    names = policy.cluster.image_pull_secrets
-    return {"imagePullSecrets": [{"name": n} for n in names]} if names else {}
 
 
 def flex_workload(
@@ -492,13 +470,8 @@ def _vllm_container(
         },
         "livenessProbe": probe
         | {"periodSeconds": LIVENESS_PERIOD_S, "failureThreshold": LIVENESS_FAILURES},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            # writes go to the volumes below only: HOME, HF_HOME, /tmp, /dev/shm, snapshots
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        # writes go to the volumes below only: HOME, HF_HOME, /tmp, /dev/shm, snapshots
+        "securityContext": container_security(),
         "volumeMounts": [
             *(vllm_snapshot_mounts(workload) if preserving(policy) else []),
             {"name": "cache", "mountPath": CACHE_MOUNT_PATH},

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
+from infra.builders.nodepools import Target
 from policy import PolicyError, PoolPolicy, parse_policy
 from runtime.advise.levers import CURRENT, Variant
 from runtime.sim.options import Options, build_whatif
@@ -82,7 +83,7 @@ def sweep_options(
     flex_traces: Sequence[str] = (),
     backlogs: Sequence[str] = (),
     hours: float | None = None,
-    target: Literal["labels", "karpenter"] = "labels",
+    target: Target = "labels",
 ) -> Options:
     """What every replay of a sweep is asked: ``whatif``'s defaults but the traces, the
     replay length and the target. Without flex traces or a backlog the replays take the

@@ -16,8 +16,8 @@ import typer
 from infra.inputs import BundleInputs, load_inputs
 from policy import PolicyError, PoolPolicy, Problem
 from policy.base import check_dns_label
+from policy.effects import unlabelled_production
 from policy.placeholders import placeholder_warnings
-from policy.production import unlabelled_production
 from runtime.atomic_file import OutputError, write_files
 from runtime.cli.consoles import console, err_console
 from runtime.cli.errors import reported_errors

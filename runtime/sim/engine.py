@@ -31,11 +31,12 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from infra.builders.nodepools import Target
 from infra.builders.workload import HpaTolerance, autoscaler
 from policy.base import duration_seconds
 from policy.pool import PoolPolicy
@@ -84,7 +85,7 @@ class Settings:
     flex_startup_s: float = 300.0
     """Image pull + model load of a flex vLLM replica (``--startup-s``)."""
     production: ProductionRule = field(default_factory=ProductionRule)
-    target: Literal["labels", "karpenter"] = "labels"
+    target: Target = "labels"
     karpenter_delay_s: float = 180.0
     """Karpenter: from a pending pod to a ready GPU node."""
     hpa_tolerance: HpaTolerance = "cluster"

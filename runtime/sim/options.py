@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
+from infra.builders.nodepools import Target
 from infra.builders.workload import HpaTolerance
 from policy import PoolPolicy
 from policy.base import duration_seconds
@@ -40,7 +40,7 @@ class Options:
     production_rule: RuleMode
     prod_target_utilization: float
     startup_s: float
-    target: Literal["labels", "karpenter"]
+    target: Target
     hpa_tolerance: HpaTolerance = "cluster"
     tuner: bool = False
     """Run the tuner's decisions in the pooled loop (``--tuner``)."""

@@ -26,8 +26,8 @@ from infra.builders.compaction_sidecar import (
     token_secret_name,
 )
 from infra.builders.meta import Manifest
+from infra.builders.pod import NON_ROOT_UID
 from infra.builders.policy_config import policy_text
-from infra.builders.workload import NON_ROOT_UID
 from infra.bundle import build_bundle
 from policy import PoolPolicy, load_policy, parse_policy
 from runtime.kvcache.in_vllm.plugin import ENABLE_ENV, SOCKET_ENV, TOKEN_FILE_ENV

@@ -22,6 +22,7 @@ from ruamel.yaml import YAML
 from infra.builders.meta import Manifest
 from infra.bundle import build_bundle
 from policy import DEFAULT_POLICY, PoolPolicy, load_policy
+from policy.providers import KUBERNETES_IO_ALLOWED
 from runtime.cli.app import app
 from runtime.vllm import load_model_spec, plan_kv_cache
 from tests.infra.policies import edited, explicit_args, policy_with
@@ -30,20 +31,6 @@ from tests.infra.test_node_safety import yaml_line
 
 SCHEMA_FILE = Path(__file__).parent / "data" / "karpenter_nodepool_v1.schema.yaml"
 RESTRICTED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "karpenter.sh")
-KUBERNETES_IO_ALLOWED = {
-    "beta.kubernetes.io/instance-type",
-    "failure-domain.beta.kubernetes.io/region",
-    "beta.kubernetes.io/os",
-    "beta.kubernetes.io/arch",
-    "failure-domain.beta.kubernetes.io/zone",
-    "topology.kubernetes.io/zone",
-    "topology.kubernetes.io/region",
-    "node.kubernetes.io/instance-type",
-    "kubernetes.io/arch",
-    "kubernetes.io/os",
-    "node.kubernetes.io/windows-build",
-}
-"""The CRD's CEL rule "label domain kubernetes.io is restricted" (requirement keys)."""
 AWS_REQUIREMENT_KEYS = {
     f"karpenter.k8s.aws/{name}"
     for name in (

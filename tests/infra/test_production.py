@@ -49,7 +49,7 @@ from infra.production_patch import (
 )
 from infra.render import KUSTOMIZATION, PRODUCTION_DIR, production_documents
 from policy import DEFAULT_POLICY, PolicyError, PoolPolicy, load_policy, parse_policy
-from policy.production import unlabelled_production
+from policy.effects import unlabelled_production
 from runtime.cli.app import app
 from tests.infra.policies import edited, explicit_args
 from tests.infra.test_cli import write_policy

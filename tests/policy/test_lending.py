@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from policy import PolicyError, PoolPolicy, load_policy
+from policy.effects import pool_warnings
 from tests.infra.policies import policy_with
 
 
@@ -53,7 +54,7 @@ def test_auto_max_replicas_is_what_the_pools_hold(edits: dict[str, Any], bound: 
     assert workload.max_replicas == "auto"
     assert policy.replica_capacity(workload) == bound
     assert policy.replica_bound(workload) == bound
-    assert policy.warnings() == []
+    assert pool_warnings(policy) == []
 
 
 @pytest.mark.parametrize("lend", [True, False])
@@ -62,7 +63,7 @@ def test_an_explicit_max_replicas_stays_a_cap(lend: bool, cap: int) -> None:
     policy = policy_with({"node_pools.0.lend_idle": lend, "workloads.0.max_replicas": cap})
     (workload,) = policy.workloads
     assert policy.replica_bound(workload) == cap < policy.replica_capacity(workload) + 1
-    assert policy.warnings() == []
+    assert pool_warnings(policy) == []
 
 
 def test_an_explicit_max_replicas_above_capacity_is_kept_and_warned() -> None:
@@ -70,7 +71,7 @@ def test_an_explicit_max_replicas_above_capacity_is_kept_and_warned() -> None:
     policy = policy_with({"node_pools.0.lend_idle": False, "workloads.0.max_replicas": 40})
     (workload,) = policy.workloads
     assert policy.replica_bound(workload) == 40
-    ((path, message),) = policy.warnings()
+    ((path, message),) = pool_warnings(policy)
     assert path == "workloads.0.max_replicas"
     assert "at most 32" in message and "'gpu-flex'" in message and "'gpu-prod'" not in message
 
