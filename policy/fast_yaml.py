@@ -129,6 +129,10 @@ def parse(text: str) -> Parsed:
     (bad YAML: the caller reports ruamel's message)."""
     if re.search(r"^%YAML", text, re.M):
         raise Refused("a version directive")  # 1.1 resolves scalars otherwise
+    if "!" in text:
+        # maybe an explicit tag: ruamel keeps ``!!str 12`` as a tagged scalar where libyaml
+        # gives a str, so ruamel decides (a "!" inside a string only costs the slow parse)
+        raise Refused("a possible explicit tag")
     loader = _Loader(text)
     try:
         node = loader.get_single_node()

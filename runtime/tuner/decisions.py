@@ -27,7 +27,7 @@ from policy import PolicyError, PoolPolicy, parse_policy
 from policy.base import duration_seconds
 from policy.workloads import FlexWorkload
 from runtime.metrics import catalogue, evictions
-from runtime.tuner import rule_text
+import runtime.tuner.rule_text as rule_text
 from runtime.tuner.proposals import (
     Change,
     CompactionRequest,
