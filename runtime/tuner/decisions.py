@@ -23,11 +23,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import runtime.tuner.rule_text as rule_text
 from policy import PolicyError, PoolPolicy, parse_policy
 from policy.base import duration_seconds
 from policy.workloads import FlexWorkload
 from runtime.metrics import catalogue, evictions
-import runtime.tuner.rule_text as rule_text
 from runtime.tuner.proposals import (
     Change,
     CompactionRequest,
