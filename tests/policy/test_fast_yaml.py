@@ -80,6 +80,7 @@ def _plain(data: Any) -> Any:
     return data
 
 
+@pytest.mark.filterwarnings("ignore::ruamel.yaml.error.ReusedAnchorWarning")  # generated anchors
 @CASES
 @given(DOCUMENTS)
 def test_libyaml_reads_what_ruamel_reads_or_defers(text: str) -> None:
