@@ -14,14 +14,14 @@ import multiprocessing
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from infra.builders.nodepools import Target
 from policy import PolicyError, PoolPolicy, parse_policy
 from runtime.advise.levers import CURRENT, Variant
-from runtime.sim.options import Options, build_whatif
+from runtime.sim.options import DEMO, Options, build_whatif
 from runtime.sim.report import Summary
 from runtime.sim.whatif import run, run_pooled
 from runtime.tuner.yamledit import ValueEdit, applied
@@ -88,18 +88,12 @@ def sweep_options(
     """What every replay of a sweep is asked: ``whatif``'s defaults but the traces, the
     replay length and the target. Without flex traces or a backlog the replays take the
     bundled request traces (``build_whatif``), as ``gpupool whatif`` does."""
-    return Options(
-        prod_trace,
-        tuple(flex_traces),
-        tuple(backlogs),
-        rate_scale=1.0,
+    return replace(
+        DEMO,
+        prod_trace=prod_trace,
+        flex_traces=tuple(flex_traces),
+        backlogs=tuple(backlogs),
         hours=hours,
-        seed=0,
-        layout="policy",
-        fit_production=False,
-        production_rule="policy",
-        prod_target_utilization=0.6,
-        startup_s=300.0,
         target=target,
     )
 
