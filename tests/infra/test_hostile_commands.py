@@ -10,7 +10,6 @@ validation in front, and check every rendered process against the written audit
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import tempfile
@@ -33,6 +32,7 @@ from policy import PolicyError, PoolPolicy, parse_policy
 from runtime.vllm import load_model_spec, serve_args
 from tests.harness import hostile as h
 from tests.harness.containers import run_container
+from tests.harness.git import git
 from tests.harness.policy_docs import set_path
 from tests.harness.servers import REPO
 from tests.infra.policies import edited, explicit_args, policy_with
@@ -63,24 +63,16 @@ options = st.builds(
 branches = st.one_of(options, h.hostile(["main", "release/2025", "gpupool/policy"]))
 
 
-def _git(cwd: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid"}
-    env |= {"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
-    return subprocess.run(
-        ["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True, env=env
-    ).stdout.strip()
-
-
 def _origin(root: Path, branch: str | None) -> Path:
     """A repository with ``main`` (and ``branch``, where git accepts the name)."""
     origin = root / "origin"
     (origin / "policy").mkdir(parents=True)
     (origin / "policy" / "pool.yaml").write_text("cluster: {name: one}\n")
-    _git(origin, "init", "--quiet", "--initial-branch=main")
-    _git(origin, "add", ".")
-    _git(origin, "commit", "-qm", "one")
+    git(origin, "init", "--quiet", "--initial-branch=main")
+    git(origin, "add", ".")
+    git(origin, "commit", "-qm", "one")
     if branch is not None and h.is_git_branch(branch):
-        _git(origin, "update-ref", f"refs/heads/{branch}", "HEAD")
+        git(origin, "update-ref", f"refs/heads/{branch}", "HEAD")
     return origin
 
 
@@ -125,7 +117,7 @@ def test_branches_reach_git_as_data(template: str) -> None:
         assert not marker.exists(), f"the branch {branch!r} ran a command"
         assert h.is_git_branch(branch), f"{branch!r} was accepted, but git refuses it"
         assert codes == [0, 0]
-        assert _git(root / "kept" / "repo", "rev-parse", "--abbrev-ref", "HEAD") == branch
+        assert git(root / "kept" / "repo", "rev-parse", "--abbrev-ref", "HEAD").strip() == branch
 
 
 @pytest.mark.process

@@ -3,8 +3,6 @@ policy repository (run here with real git against a local repository)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from infra.builders.runtime_components import (
 )
 from policy import PolicyError, PoolPolicy, load_policy
 from tests.harness.containers import container_env, run_container
+from tests.harness.git import git
 from tests.infra.policies import policy_with
 
 HTTPS = {
@@ -146,14 +145,6 @@ def test_bad_tuner_settings_are_refused(edits: dict[str, str], field: str) -> No
         policy_with(edits)
 
 
-def _git(cwd: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid"}
-    env |= {"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
-    return subprocess.run(
-        ["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True, env=env
-    ).stdout.strip()
-
-
 def _run_init(container: dict[str, Any], repo_dir: Path, home: Path) -> None:
     """The init container's command with its env, the volume path mapped into ``repo_dir``."""
     assert container["command"] == ["sh", "-c", CLONE_SCRIPT]
@@ -166,9 +157,9 @@ def test_init_container_clones_then_fast_forwards_the_policy_branch(tmp_path: Pa
     origin = tmp_path / "origin"
     (origin / "policy").mkdir(parents=True)
     (origin / "policy" / "pool.yaml").write_text("cluster: {name: one}\n")
-    _git(origin, "init", "--quiet", "--initial-branch=release")
-    _git(origin, "add", ".")
-    _git(origin, "commit", "-qm", "one")
+    git(origin, "init", "--quiet", "--initial-branch=release")
+    git(origin, "add", ".")
+    git(origin, "commit", "-qm", "one")
     policy = policy_with(
         {"tuner.policy_repo_url": f"file://{origin}", "tuner.policy_repo_branch": "release"}
     )
@@ -177,25 +168,25 @@ def test_init_container_clones_then_fast_forwards_the_policy_branch(tmp_path: Pa
     clone.parent.mkdir()
     _run_init(container, clone, tmp_path)
     assert (clone / policy.tuner.policy_repo_path).read_text() == "cluster: {name: one}\n"
-    assert _git(clone, "rev-parse", "--abbrev-ref", "HEAD") == "release"
-    assert _git(clone, "remote") == POLICY_REMOTE
+    assert git(clone, "rev-parse", "--abbrev-ref", "HEAD").strip() == "release"
+    assert git(clone, "remote").strip() == POLICY_REMOTE
 
     # a pod restart keeps the volume: the init container fetches the new head instead
     (origin / "policy" / "pool.yaml").write_text("cluster: {name: two}\n")
-    _git(origin, "commit", "-qam", "two")
-    _git(clone, "branch", "gpupool-tuner/kept")  # the tuner's own branches survive
+    git(origin, "commit", "-qam", "two")
+    git(clone, "branch", "gpupool-tuner/kept")  # the tuner's own branches survive
     _run_init(container, clone, tmp_path)
     assert (clone / "policy" / "pool.yaml").read_text() == "cluster: {name: two}\n"
-    assert _git(clone, "rev-parse", "HEAD") == _git(origin, "rev-parse", "HEAD")
-    assert _git(clone, "branch", "--list", "gpupool-tuner/kept") != ""
+    assert git(clone, "rev-parse", "HEAD") == git(origin, "rev-parse", "HEAD")
+    assert git(clone, "branch", "--list", "gpupool-tuner/kept") != ""
 
 
 @pytest.mark.process
 def test_init_container_fails_on_a_missing_branch(tmp_path: Path) -> None:
     origin = tmp_path / "origin"
     origin.mkdir()
-    _git(origin, "init", "--quiet", "--initial-branch=main")
-    _git(origin, "commit", "--allow-empty", "-qm", "one")
+    git(origin, "init", "--quiet", "--initial-branch=main")
+    git(origin, "commit", "--allow-empty", "-qm", "one")
     container = clone_container(
         policy_with({"tuner.policy_repo_url": f"file://{origin}", "tuner.policy_repo_branch": "x"})
     )

@@ -5,13 +5,13 @@ copy of the shipped policy; a local stand-in for GitHub's REST API."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.harness import github as github_replay
+from tests.harness.git import git
 from tests.harness.servers import REPO, Server
 from tests.tuner import scenarios
 
@@ -30,12 +30,6 @@ def github() -> Iterator[github_replay.ReplayGitHub]:
         yield replay
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    ).stdout
-
-
 @pytest.fixture
 def policy_repo(tmp_path: Path) -> Path:
     """A git repository whose one commit holds the scenarios' policy/pool.yaml: the shipped
@@ -44,7 +38,7 @@ def policy_repo(tmp_path: Path) -> Path:
     (repo / "policy").mkdir(parents=True)
     (repo / "policy" / "pool.yaml").write_text(scenarios.POLICY_TEXT)
     shutil.copytree(REPO / "policy" / "models", repo / "policy" / "models")
-    _git(repo, "init", "--quiet", "--initial-branch=main")
-    _git(repo, "add", ".")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "init")
+    git(repo, "init", "--quiet", "--initial-branch=main")
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "init")
     return repo

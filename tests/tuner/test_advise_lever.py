@@ -26,6 +26,7 @@ from runtime.tuner.cycle import CycleReport, ForgeOptions, Target, run_cycle
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
+from tests.harness.git import git
 from tests.harness.github import ReplayGitHub
 from tests.harness.servers import REPO, Server, start_prometheus
 from tests.tuner import scenarios
@@ -53,12 +54,6 @@ def lever_policy(vary: str) -> str:
     return SHIPPED.replace(OFF, on)
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    ).stdout
-
-
 def _show(repo: Path, ref: str, path: str) -> bytes:
     return subprocess.run(
         ["git", "-C", str(repo), "show", f"{ref}:{path}"], check=True, capture_output=True
@@ -71,12 +66,12 @@ def _repo(tmp_path: Path, text: str) -> tuple[Path, Path]:
     (seed / "policy").mkdir(parents=True)
     (seed / "policy" / "pool.yaml").write_text(text)
     shutil.copytree(REPO / "policy" / "models", seed / "policy" / "models")
-    _git(seed, "init", "--quiet", "--initial-branch=main")
-    _git(seed, "add", ".")
-    _git(seed, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "init")
-    _git(tmp_path, "init", "--quiet", "--bare", "--initial-branch=main", str(upstream))
-    _git(seed, "push", "--quiet", str(upstream), "main")
-    _git(tmp_path, "clone", "--quiet", "--branch", "main", str(upstream), str(clone))
+    git(seed, "init", "--quiet", "--initial-branch=main")
+    git(seed, "add", ".")
+    git(seed, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "init")
+    git(tmp_path, "init", "--quiet", "--bare", "--initial-branch=main", str(upstream))
+    git(seed, "push", "--quiet", str(upstream), "main")
+    git(tmp_path, "clone", "--quiet", "--branch", "main", str(upstream), str(clone))
     return clone, upstream
 
 
@@ -92,7 +87,7 @@ def _cycle(server: Server, repo: Path, **kw: Any) -> CycleReport:
 
 
 def _branches(repo: Path) -> list[str]:
-    out = _git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/gpupool-tuner/")
+    out = git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/gpupool-tuner/")
     return out.split()
 
 
@@ -133,7 +128,7 @@ def test_the_lever_proposes_the_sweeps_pick_as_a_pull_request(
         (a, b) for a, b in zip(before.splitlines(), after.splitlines(), strict=True) if a != b
     ]
     assert changed == [(RESERVE_LINE, RESERVE_LINE.replace("0.20      ", "0.05      "))]
-    files = _git(repo, "diff", "--name-only", "main", branch).split()
+    files = git(repo, "diff", "--name-only", "main", branch).split()
     assert files == ["policy/advise/pareto.png", "policy/advise/production.csv", "policy/pool.yaml"]
 
     # the trace beside it: production's demand as Prometheus recorded it, every 30 s
@@ -159,7 +154,7 @@ def test_the_lever_proposes_the_sweeps_pick_as_a_pull_request(
     assert "## Rendered manifest diff" in body and "reserve" in body
 
     # pushed, and the pull request asked for with exactly that body
-    assert _git(upstream, "rev-parse", branch) == _git(repo, "rev-parse", branch)
+    assert git(upstream, "rev-parse", branch) == git(repo, "rev-parse", branch)
     [call] = github.received
     assert (call.method, call.path) == ("POST", f"/repos/{REPOSITORY}/pulls")
     assert call.body == {
@@ -177,7 +172,7 @@ def test_the_lever_proposes_the_sweeps_pick_as_a_pull_request(
     again = _cycle(scenario_prometheus, repo)
     [noop] = [n for n in again.decision.noops if n.rule == "advise"]
     assert "tuner.advise.every is 1d" in noop.reason and again.advice is None
-    state = repo / _git(repo, "rev-parse", "--git-common-dir").strip() / "gpupool-tuner"
+    state = repo / git(repo, "rev-parse", "--git-common-dir").strip() / "gpupool-tuner"
     (state / "state.json").unlink()
     third = _cycle(scenario_prometheus, repo)
     [noop] = [n for n in third.decision.noops if n.rule == "advise"]
@@ -246,5 +241,5 @@ def test_cli_dry_run_prints_the_proposal_and_writes_nothing(
     assert "| `node_pools.0.reserve_ratio` | `0.2` | `0.05` |" in done.stdout
     assert _branches(repo) == []
     assert not (
-        repo / _git(repo, "rev-parse", "--git-common-dir").strip() / "gpupool-tuner"
+        repo / git(repo, "rev-parse", "--git-common-dir").strip() / "gpupool-tuner"
     ).exists()

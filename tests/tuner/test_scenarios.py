@@ -22,6 +22,7 @@ from runtime.tuner.cycle import CycleReport, Target, run_cycle
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
+from tests.harness.git import git
 from tests.harness.servers import REPO, Server, start_prometheus
 from tests.tuner import scenarios
 
@@ -43,14 +44,8 @@ def edited(prefix: str, before: str, after: str) -> tuple[str, str]:
 RESERVE = "    reserve_ratio: "
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
-    ).stdout
-
-
 def _tuner_branches(repo: Path) -> list[str]:
-    out = _git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/gpupool-tuner/")
+    out = git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/gpupool-tuner/")
     return out.split()
 
 
@@ -78,7 +73,7 @@ def _cycle(
 
 
 def _proposed_text(repo: Path, branch: str) -> str:
-    return _git(repo, "show", f"{branch}:policy/pool.yaml")
+    return git(repo, "show", f"{branch}:policy/pool.yaml")
 
 
 def _changed_lines(before: str, after: str) -> list[tuple[str, str]]:
@@ -96,8 +91,8 @@ def _assert_single_proposal(
     assert _changed_lines(SHIPPED, text) == expected
     parse_policy(YAML(typ="rt").load(text), "proposed")  # validates
     # the user's checkout is untouched: still on main, clean, pool.yaml as shipped
-    assert _git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
-    assert _git(repo, "status", "--porcelain") == ""
+    assert git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    assert git(repo, "status", "--porcelain") == ""
     assert (repo / "policy" / "pool.yaml").read_text() == SHIPPED
     return text
 
@@ -128,7 +123,7 @@ def test_eviction_storm_with_pending_production_raises_reserve(
     whatif = report.body[report.body.index("## What-if") :]
     assert "-> `proposed`, 6 h replay" in whatif and "harvested GPU-h" in whatif
     assert "Closed-loop checks (head):" in whatif
-    message = _git(policy_repo, "log", "-1", "--format=%B", report.branch or "")
+    message = git(policy_repo, "log", "-1", "--format=%B", report.branch or "")
     assert message.startswith("Raise the production reserve to 0.25")
     assert report.body_path is not None and report.body_path.read_text().endswith(report.body)
 
@@ -307,25 +302,25 @@ def test_rerun_on_unchanged_data_proposes_nothing_new(
 ) -> None:
     first = _cycle(scenario_prometheus, policy_repo, "idle")
     assert first.outcome == "created"
-    head = _git(policy_repo, "rev-parse", first.branch or "")
+    head = git(policy_repo, "rev-parse", first.branch or "")
     # same data, same state: the cooldown holds the next proposal back
     second = _cycle(scenario_prometheus, policy_repo, "idle")
     assert second.decision.proposal is None
     assert any("cooldown" in n.reason for n in second.decision.noops)
     # same data with the state forgotten: the content-derived branch already exists
-    state = _git(policy_repo, "rev-parse", "--git-common-dir").strip()
+    state = git(policy_repo, "rev-parse", "--git-common-dir").strip()
     (policy_repo / state / "gpupool-tuner" / "state.json").unlink()
     third = _cycle(scenario_prometheus, policy_repo, "idle")
     assert third.outcome == "existing" and third.branch == first.branch
     assert _tuner_branches(policy_repo) == [first.branch]
-    assert _git(policy_repo, "rev-parse", first.branch or "") == head
+    assert git(policy_repo, "rev-parse", first.branch or "") == head
 
 
 def test_dry_run_writes_nothing(scenario_prometheus: Server, policy_repo: Path) -> None:
     report = _cycle(scenario_prometheus, policy_repo, "idle", dry_run=True)
     assert report.outcome == "dry_run" and report.body is not None
     assert _tuner_branches(policy_repo) == []
-    state = _git(policy_repo, "rev-parse", "--git-common-dir").strip()
+    state = git(policy_repo, "rev-parse", "--git-common-dir").strip()
     assert not (policy_repo / state / "gpupool-tuner").exists()
 
 
@@ -360,8 +355,8 @@ def test_cli_once_proposes_and_dry_run_prints_the_body(
 def test_cli_reports_a_repository_without_the_policy(
     scenario_prometheus: Server, tmp_path: Path
 ) -> None:
-    _git(tmp_path, "init", "-q")
-    _git(
+    git(tmp_path, "init", "-q")
+    git(
         tmp_path,
         "-c",
         "user.name=t",
@@ -403,7 +398,7 @@ def test_uncommitted_work_is_left_alone_and_not_proposed(
     assert report.outcome == "created" and report.branch is not None
     assert "my-local-edit" not in _proposed_text(policy_repo, report.branch)
     assert (policy_repo / "policy" / "pool.yaml").read_text() == edited
-    assert _git(policy_repo, "status", "--porcelain").splitlines() == [
+    assert git(policy_repo, "status", "--porcelain").splitlines() == [
         " M policy/pool.yaml",
         "?? notes.txt",
     ]
@@ -414,11 +409,11 @@ def upstream_clone(policy_repo: Path, tmp_path: Path) -> tuple[Path, Path]:
     """(reviewer, tuner): ``policy_repo`` pushes to a bare upstream, and the tuner's
     repository is a clone of it (``origin``), as the init container makes in the cluster."""
     upstream = tmp_path / "upstream.git"
-    _git(tmp_path, "init", "--quiet", "--bare", "--initial-branch=main", str(upstream))
-    _git(policy_repo, "remote", "add", "origin", str(upstream))
-    _git(policy_repo, "push", "--quiet", "origin", "main")
+    git(tmp_path, "init", "--quiet", "--bare", "--initial-branch=main", str(upstream))
+    git(policy_repo, "remote", "add", "origin", str(upstream))
+    git(policy_repo, "push", "--quiet", "origin", "main")
     clone = tmp_path / "tuner"
-    _git(tmp_path, "clone", "--quiet", "--branch", "main", str(upstream), str(clone))
+    git(tmp_path, "clone", "--quiet", "--branch", "main", str(upstream), str(clone))
     return policy_repo, clone
 
 
@@ -440,23 +435,23 @@ def test_each_cycle_decides_against_the_policy_fetched_from_upstream(
     first = cycle(0)
     assert first.outcome == "created" and first.body is not None
     assert "| `node_pools.0.reserve_ratio` | 0.2 | 0.25 |" in first.body
-    local_main = _git(tuner, "rev-parse", "main")
+    local_main = git(tuner, "rev-parse", "main")
 
     # a reviewer changes the reserve upstream; the tuner's pod keeps running
     path = reviewer / "policy" / "pool.yaml"
     path.write_text(SHIPPED.replace(*edited(RESERVE, "0.20", "0.30")))
-    _git(reviewer, "-c", "user.name=r", "-c", "user.email=r@example.invalid", "commit", "-qam", "r")
-    _git(reviewer, "push", "--quiet", "origin", "main")
-    merged = _git(reviewer, "rev-parse", "HEAD").strip()
+    git(reviewer, "-c", "user.name=r", "-c", "user.email=r@example.invalid", "commit", "-qam", "r")
+    git(reviewer, "push", "--quiet", "origin", "main")
+    merged = git(reviewer, "rev-parse", "HEAD").strip()
 
     second = cycle(10)
     assert second.outcome == "created" and second.body is not None and second.branch is not None
     assert "| `node_pools.0.reserve_ratio` | 0.3 | 0.35 |" in second.body
-    assert _git(tuner, "rev-parse", f"{second.branch}^").strip() == merged
+    assert git(tuner, "rev-parse", f"{second.branch}^").strip() == merged
     assert edited(RESERVE, "0.20", "0.35")[1] in _proposed_text(tuner, second.branch)
     # only the remote-tracking ref moved: local main, index and work tree are as cloned
-    assert _git(tuner, "rev-parse", "main") == local_main
-    assert _git(tuner, "status", "--porcelain") == ""
+    assert git(tuner, "rev-parse", "main") == local_main
+    assert git(tuner, "status", "--porcelain") == ""
     assert (tuner / "policy" / "pool.yaml").read_text() == SHIPPED
 
 
@@ -464,8 +459,8 @@ def test_unreachable_remote_fails_closed_and_the_next_cycle_retries(
     scenario_prometheus: Server, upstream_clone: tuple[Path, Path], tmp_path: Path
 ) -> None:
     _, tuner = upstream_clone
-    url = _git(tuner, "remote", "get-url", "origin").strip()
-    _git(tuner, "remote", "set-url", "origin", str(tmp_path / "gone.git"))
+    url = git(tuner, "remote", "get-url", "origin").strip()
+    git(tuner, "remote", "set-url", "origin", str(tmp_path / "gone.git"))
     metrics = TunerMetrics.create()
     report = _cycle(scenario_prometheus, tuner, "storm", metrics)
     assert report.decision.proposal is None and report.decision.compaction is None
@@ -488,5 +483,5 @@ def test_unreachable_remote_fails_closed_and_the_next_cycle_retries(
     )
     assert offline.outcome == "dry_run"
 
-    _git(tuner, "remote", "set-url", "origin", url)  # reachable again: the next cycle proposes
+    git(tuner, "remote", "set-url", "origin", url)  # reachable again: the next cycle proposes
     assert _cycle(scenario_prometheus, tuner, "storm", metrics).outcome == "created"
