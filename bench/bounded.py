@@ -50,19 +50,23 @@ FLOORS = {
 }
 
 
-def peak_mib(code: str, file: Path, hours: float) -> float:
-    """Peak RSS of a child running ``code`` (``FILE``: the trace, ``HOURS``: the replay)."""
-    body = code.replace("FILE", repr(str(file))).replace("HOURS", repr(f"{hours:g}"))
-    program = IMPORTS + body + PEAK
-    done = subprocess.run(
+def child(program: str) -> str:
+    """The standard output of ``program`` run by a fresh interpreter in the repository."""
+    return subprocess.run(
         [sys.executable, "-c", program],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         check=True,
         cwd=ROOT,
-    )
-    line = next(x for x in reversed(done.stdout.splitlines()) if x.startswith("peak "))
+    ).stdout
+
+
+def peak_mib(code: str, file: Path, hours: float) -> float:
+    """Peak RSS of a child running ``code`` (``FILE``: the trace, ``HOURS``: the replay)."""
+    body = code.replace("FILE", repr(str(file))).replace("HOURS", repr(f"{hours:g}"))
+    program = IMPORTS + body + PEAK
+    line = next(x for x in reversed(child(program).splitlines()) if x.startswith("peak "))
     return int(line.split()[1]) / 1024
 
 
@@ -70,15 +74,7 @@ def span_h(file: Path) -> float:
     """The trace's length in hours, rounded up, read in a child: a child's ``ru_maxrss``
     starts from its parent's at the fork, so the parent must not load a trace itself."""
     code = f"print(load_flex_trace(Path({str(file)!r})).duration_s)\n"
-    done = subprocess.run(
-        [sys.executable, "-c", IMPORTS + code],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=True,
-        cwd=ROOT,
-    )
-    return math.ceil(float(done.stdout.split()[-1]) / 36) / 100
+    return math.ceil(float(child(IMPORTS + code).split()[-1]) / 36) / 100
 
 
 def nodes_policy(folder: Path, nodes: int) -> Path:
@@ -100,14 +96,7 @@ def timed_s(code: str, path: Path) -> float:
         f"path = Path({str(path)!r})\nstart = time.perf_counter()\n{code}"
         "print('took', time.perf_counter() - start)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=True,
-    )
-    return float(done.stdout.split()[-1])
+    return float(child(program).split()[-1])
 
 
 def main() -> None:
