@@ -25,7 +25,7 @@ from runtime.advise.sweep import (
     sweep_options,
     variant_document,
 )
-from runtime.atomic_file import write_atomic
+from runtime.atomic_file import write_atomic, write_files
 from runtime.sim.traces import TraceError, demand_csv
 from runtime.tuner import advice, compaction, forge, gitrepo, prtext, signals
 from runtime.tuner.decisions import apply_changes, decide
@@ -385,9 +385,13 @@ def _commit_advice(
         message=f"{title}\n\n{body}",
     )
     stem = target.tuner_dir / "proposals" / branch.replace("/", "_")
-    write_atomic(stem.with_suffix(".md"), f"# {title}\n\n{body}")
-    write_atomic(stem.with_suffix(".csv"), trace)
-    stem.with_suffix(".png").write_bytes(plot)
+    write_files(
+        {
+            stem.with_suffix(".md"): f"# {title}\n\n{body}".encode(),
+            stem.with_suffix(".csv"): trace.encode("utf-8"),
+            stem.with_suffix(".png"): plot,
+        }
+    )
     return commit, stem.with_suffix(".md")
 
 
