@@ -138,6 +138,15 @@ def test_the_lever_proposes_the_sweeps_pick_as_a_pull_request(
     assert set(trace.held.tolist()) == {16}
     assert trace.busy.tolist() == pytest.approx([16 * 0.8] * 81)
     assert _show(repo, branch, "policy/advise/pareto.png").startswith(b"\x89PNG\r\n\x1a\n")
+    # the tuner's own copies of the body, the trace and the plot, beside each other
+    assert report.body_path is not None
+    assert report.body_path.read_text().startswith(f"# {report.advice}\n")
+    assert report.body_path.with_suffix(".csv").read_bytes() == _show(
+        repo, branch, "policy/advise/production.csv"
+    )
+    assert report.body_path.with_suffix(".png").read_bytes() == _show(
+        repo, branch, "policy/advise/pareto.png"
+    )
 
     # the body: the change, the table (the pick harvests most), the plot from the branch
     body = report.body or ""
