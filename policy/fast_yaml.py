@@ -8,8 +8,9 @@ are resolved by ruamel's own YAML 1.2 rules (``yes``/``no``/``on``/``off`` stay 
 
 This loader only has to be right when it succeeds: whatever it refuses (a duplicate key, a
 tag, a ``%YAML`` directive, bad YAML) the caller parses again with ruamel, whose verdict and
-message stand. The exception is nesting, refused here at ``MAX_DEPTH`` as the tree is
-composed (libyaml's composer recurses in C, past Python's recursion guard).
+message stand. The exceptions are ``Unreadable``: nesting, refused here at ``MAX_DEPTH`` as
+the tree is composed (libyaml's composer recurses in C, past Python's recursion guard), and
+an alias inside its own anchor (ruamel reads it as null, or crashes on it in a merge).
 """
 
 from __future__ import annotations
@@ -35,12 +36,34 @@ class Parsed:
     node: yaml.Node | None
 
 
-class TooDeep(ValueError):
-    """Nesting past ``MAX_DEPTH``; ``line`` (1-based) is the node that holds the deeper ones."""
+class Unreadable(ValueError):
+    """YAML no loader reads (ruamel's own composer crashes on it): ``line`` is 1-based,
+    ``expected`` says what a policy holds instead."""
+
+    expected = ""
+
+    def __init__(self, line: int, problem: str) -> None:
+        self.line = line
+        super().__init__(problem)
+
+
+class TooDeep(Unreadable):
+    """Nesting past ``MAX_DEPTH``; ``line`` is the node that holds the deeper ones."""
+
+    expected = "a policy's few levels of mappings and lists"
 
     def __init__(self, line: int) -> None:
-        self.line = line
-        super().__init__(f"nested more than {MAX_DEPTH} levels deep")
+        super().__init__(line, f"nested more than {MAX_DEPTH} levels deep")
+
+
+class AliasCycle(Unreadable):
+    """An alias inside the anchor it names (``&a {b: *a}``, ``&a {<<: *a}``): ruamel reads the
+    first as ``{b: None}`` and crashes on the second; ``line`` is the anchor's."""
+
+    expected = "an alias (*name) to name a node defined outside it"
+
+    def __init__(self, line: int) -> None:
+        super().__init__(line, "an alias inside the anchor it names")
 
 
 class Refused(ValueError):
@@ -91,12 +114,51 @@ class _Loader(yaml.CSafeLoader):
         return self.DEFAULT_MAPPING_TAG
 
     def flatten_mapping(self, node: Any) -> None:
-        """Merge keys resolved, as PyYAML does, once each mapping's own keys are shown to be
-        plain and distinct (a merged mapping is flattened here too, never constructed)."""
+        """Merge keys resolved in ruamel's order, once each mapping's own keys are shown to be
+        plain and distinct: the mapping's own keys first, then each merged mapping's keys it
+        lacks, the first mapping named winning (PyYAML puts merged keys first)."""
         keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
         if len(keys) != len(set(keys)) or len(keys) != len(node.value):
             raise Refused("a duplicate or complex key")  # or one merged in before: ruamel decides
-        super().flatten_mapping(node)
+        own: list[tuple[yaml.Node, yaml.Node]] = []
+        sources: list[yaml.MappingNode] = []
+        for key, value in node.value:
+            if key.tag == "tag:yaml.org,2002:merge":
+                merged = value.value if isinstance(value, yaml.SequenceNode) else [value]
+                if not all(isinstance(source, yaml.MappingNode) for source in merged):
+                    raise Refused("a merge of something other than mappings")
+                sources.extend(merged)
+            else:
+                if key.tag == "tag:yaml.org,2002:value":
+                    key.tag = "tag:yaml.org,2002:str"  # ``=`` as a key, as PyYAML reads it
+                own.append((key, value))
+        seen = {key.value for key, _ in own}
+        shadowed: list[yaml.Node] = []
+        for source in sources:
+            self.flatten_mapping(source)
+            for key, value in source.value:
+                if key.value in seen:
+                    shadowed.append(value)
+                else:
+                    seen.add(key.value)
+                    own.append((key, value))
+        node.value = own
+        self._check_unread(shadowed)
+
+    def _check_unread(self, roots: list[Any]) -> None:
+        """Every mapping under values a merge shadows passes ``flatten_mapping``'s checks:
+        ruamel constructs them (and refuses a duplicate key there) though none is kept."""
+        stack, visited = list(roots), set()
+        while stack:
+            node = stack.pop()
+            if id(node) in visited or isinstance(node, yaml.ScalarNode):
+                continue
+            visited.add(id(node))
+            if isinstance(node, yaml.MappingNode):
+                self.flatten_mapping(node)
+                stack.extend(child for pair in node.value for child in pair)
+            else:
+                stack.extend(node.value)
 
     def construct_undefined(self, node: Any) -> Any:
         raise Refused(f"tag {node.tag}")
@@ -124,18 +186,46 @@ for _tag in ("bool", "int", "float", "timestamp"):
 _Loader.add_constructor(None, _Loader.construct_undefined)
 
 
+def _refuse_cycles(root: yaml.Node) -> None:
+    """Raise ``AliasCycle`` where a node holds itself: a walk with its own stack, since a
+    document may hold 150,000 nodes (each visited once, aliases shared)."""
+    on_path: set[int] = set()
+    done: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(node))
+            done.add(id(node))
+            continue
+        if id(node) in on_path:
+            raise AliasCycle(node.start_mark.line + 1)
+        if id(node) in done or isinstance(node, yaml.ScalarNode):
+            continue
+        on_path.add(id(node))
+        stack.append((node, True))
+        children = (
+            node.value
+            if isinstance(node, yaml.SequenceNode)
+            else [child for pair in node.value for child in pair]
+        )
+        stack.extend((child, False) for child in reversed(children))
+
+
 def parse(text: str) -> Parsed:
-    """``text``'s data and node tree; raises ``TooDeep``, ``Refused`` or a ``yaml.YAMLError``
-    (bad YAML: the caller reports ruamel's message)."""
-    if re.search(r"^%YAML", text, re.M):
-        raise Refused("a version directive")  # 1.1 resolves scalars otherwise
-    if "!" in text:
-        # maybe an explicit tag: ruamel keeps ``!!str 12`` as a tagged scalar where libyaml
-        # gives a str, so ruamel decides (a "!" inside a string only costs the slow parse)
-        raise Refused("a possible explicit tag")
+    """``text``'s data and node tree; raises ``Unreadable``, ``Refused`` or a
+    ``yaml.YAMLError`` (bad YAML: the caller reports ruamel's message)."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
+        if node is not None and "&" in text:
+            _refuse_cycles(node)
+        if re.search(r"^%YAML", text, re.M):
+            raise Refused("a version directive")  # 1.1 resolves scalars otherwise
+        if "!" in text:
+            # maybe an explicit tag: ruamel keeps ``!!str 12`` as a tagged scalar where libyaml
+            # gives a str, so ruamel decides (a "!" inside a string only costs the slow parse)
+            raise Refused("a possible explicit tag")
         data = None if node is None else loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         if "maximum nesting depth" in str(exc.problem) and exc.problem_mark is not None:

@@ -93,6 +93,12 @@ def parse_yaml(text: str, source: str) -> Any:
                 )
             ]
         ) from None
+    except AttributeError as exc:
+        if "add_referent" not in str(exc):
+            raise
+        cycle = fast_yaml.AliasCycle(0)  # ruamel's constructor crashes on ``&a {<<: *a}``
+        message = f"invalid YAML: {cycle} (expected {cycle.expected})"
+        raise PolicyError([Problem(source, 0, "", message)]) from None
 
 
 def read_yaml(path: Path) -> Any:
@@ -103,11 +109,11 @@ def read_yaml(path: Path) -> Any:
 def parse_document(text: str, source: str) -> Any:
     """The data ``parse_yaml`` reads, with line marks but without comments: libyaml's parse
     (``policy.fast_yaml.Parsed``) where it reads the text alike ruamel, else ruamel's (whose
-    refusal is the one reported). Nesting past ``fast_yaml.MAX_DEPTH`` is one line."""
+    refusal is the one reported). What no loader reads (``fast_yaml.Unreadable``) is one line."""
     try:
         return fast_yaml.parse(text)
-    except fast_yaml.TooDeep as exc:
-        message = f"invalid YAML: {exc} (expected a policy's few levels of mappings and lists)"
+    except fast_yaml.Unreadable as exc:
+        message = f"invalid YAML: {exc} (expected {exc.expected})"
         raise PolicyError([Problem(source, exc.line, "", message)]) from None
     except (fast_yaml.Refused, yaml.YAMLError, YAMLError):
         return parse_yaml(text, source)
