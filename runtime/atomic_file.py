@@ -44,6 +44,7 @@ _RECORD, _LEADER, _TREE = "commit", "leader", "tree"
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2  # linux/fs.h
 _UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
+_WRITTEN: list[Path] = []
 
 
 class OutputError(ValueError):
@@ -78,7 +79,10 @@ def write_atomic(path: Path, text: str) -> None:
 
 def check_outputs(files: Iterable[Path], inputs: Iterable[Path] = ()) -> None:
     """Refuse, with one line and nothing written, outputs that would destroy an input or each
-    other, or whose folder cannot take a file (not creatable, read-only)."""
+    other, or whose folder cannot take a file (not creatable, read-only). A check announces
+    more outputs to come, so the outputs already written no longer end the command
+    (``written``)."""
+    _WRITTEN.clear()
     outs = list(files)
     sources = [(s, Path(os.path.realpath(s))) for s in inputs]
     seen: dict[Path, Path] = {}
@@ -160,6 +164,14 @@ def write_files(files: Mapping[Path, bytes], inputs: Iterable[Path] = ()) -> Non
             os.replace(staged, target)
         for folder in folders:
             _fsync_dir(folder)
+    _WRITTEN.extend(label for label, _ in targets.values())
+
+
+def written() -> tuple[Path, ...]:
+    """The outputs put in place since the last check (``check_outputs``), in order: when an
+    interrupt comes after them and before another check, it cut only the command's closing
+    lines, and its work is done."""
+    return tuple(_WRITTEN)
 
 
 def write_folder(
@@ -190,6 +202,7 @@ def write_folder(
         elif not exchange(tree, real):
             replace_by_renames(tree, real)
         _fsync_dir(real.parent)
+    _WRITTEN.append(out)
     return result
 
 

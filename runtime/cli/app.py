@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+from pathlib import Path
+
 import typer
 
+from runtime import atomic_file
 from runtime.cli import (
     advise_commands,
     alerts_commands,
@@ -40,9 +45,28 @@ advise_commands.register(app)
 trace_commands.register(app)
 
 
+INTERRUPTED = 130
+"""Exit status of a command cut by SIGINT (typer's, the shell's 128 + 2)."""
+
+
 def main() -> None:
-    """Console-script entry point."""
-    app(prog_name="gpupool")
+    """Console-script entry point. An interrupt after the command's outputs are in place cut
+    only its closing lines (the summary): the work is done, so it exits 0 and says so."""
+    try:
+        app(prog_name="gpupool")
+    except SystemExit as exc:
+        written = atomic_file.written()
+        if exc.code != INTERRUPTED or not written:
+            raise
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut this line
+        print(f"interrupted after writing {_names(written)}: they are complete", file=sys.stderr)
+        raise SystemExit(0) from None
+
+
+def _names(paths: tuple[Path, ...], shown: int = 3) -> str:
+    """``a, b, c and 4 more``: the outputs, briefly."""
+    names = ", ".join(str(p) for p in paths[:shown])
+    return names if len(paths) <= shown else f"{names} and {len(paths) - shown} more"
 
 
 if __name__ == "__main__":

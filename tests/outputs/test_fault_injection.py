@@ -159,3 +159,36 @@ def test_a_full_disk_fails_in_one_line_and_keeps_the_old_set(tmp_path: Path) -> 
         ), done.stderr
         assert _files(work, "whatif") == old
         assert not list(work.rglob(f"{STAGING}*"))
+
+
+def _writes(args: list[str], cwd: Path) -> int:
+    """How many ``write`` calls the undisturbed run makes (its last prints the summary)."""
+    trace = cwd / ".writes"
+    assert STRACE is not None
+    done = _gpupool(args, cwd, strace=(STRACE, "-f", "-qq", "-o", str(trace), "-e", "trace=write"))
+    assert done.returncode == 0, done.stderr
+    count = sum(1 for line in trace.read_text().splitlines() if " write(" in line)
+    trace.unlink()
+    return count
+
+
+@needs_strace
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_an_interrupt_in_the_closing_lines_exits_0_with_the_new_set(
+    tmp_path: Path, command: str
+) -> None:
+    old_args, new_args = COMMANDS[command]
+    reference = _prepared(tmp_path, "reference")
+    assert _gpupool(old_args, reference).returncode == 0
+    last = _writes(new_args, reference)
+    new = _files(reference, command)
+    work = _prepared(tmp_path, "work")
+    assert _gpupool(old_args, work).returncode == 0
+    assert STRACE is not None
+    inject = (STRACE, "-f", "-qq", "-o", "/dev/null", "-e", "trace=write")
+    done = _gpupool(
+        new_args, work, strace=(*inject, "-e", f"inject=write:signal=SIGINT:when={last}")
+    )
+    assert done.returncode == 0, done.stderr
+    assert "interrupted after writing" in done.stderr.splitlines()[-1], done.stderr
+    assert _files(work, command) == new
