@@ -28,7 +28,8 @@ from runtime.advise.sweep import (
 from runtime.atomic_file import write_atomic, write_files
 from runtime.sim.traces import TraceError, demand_csv
 from runtime.tuner import advice, compaction, forge, gitrepo, prtext, signals
-from runtime.tuner.decisions import apply_changes, decide
+from runtime.tuner.decisions import decide
+from runtime.tuner.levers import apply_changes
 from runtime.tuner.manifests import PolicyChange, manifest_diff, whatif_comparison
 from runtime.tuner.prometheus import TraceQueryError, fetch_snapshot, production_samples
 from runtime.tuner.proposals import CycleDecision, NoOp, TunerState
