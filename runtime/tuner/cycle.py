@@ -321,6 +321,7 @@ def _base_commit(target: Target, *, timeout_s: float) -> str:
 
 
 def _record_noops(decision: CycleDecision, metrics: TunerMetrics) -> None:
+    """Log the decision's no-ops and count those that failed closed."""
     for noop in decision.noops:
         _record_noop(noop, metrics)
 

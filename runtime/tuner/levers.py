@@ -35,14 +35,17 @@ class Lever:
 
 
 def _step(current: float, step: float, bound: float, digits: int = 4) -> float:
+    """``current`` one ``step`` up, at most ``bound``."""
     return round(min(current + step, bound), digits)
 
 
 def _step_down(current: float, step: float, bound: float, digits: int = 4) -> float:
+    """``current`` one ``step`` down, at least ``bound``."""
     return round(max(current - step, bound), digits)
 
 
 def _prod_reserve_step(policy: PoolPolicy, settings: TunerSettings) -> tuple[Change, ...]:
+    """One step UP of the prod pool's reserve: flex gives GPUs back earlier."""
     now = policy.prod_pool.reserve_ratio
     after = _step(now, settings.reserve_ratio_step, settings.reserve_ratio_max)
     path = ("node_pools", policy.node_pools.index(policy.prod_pool), "reserve_ratio")
@@ -83,6 +86,7 @@ def _flex_max_replicas_step(policy: PoolPolicy, settings: TunerSettings) -> tupl
 
 
 def _kv_share_step(policy: PoolPolicy, settings: TunerSettings) -> tuple[Change, ...]:
+    """One step UP of the GPU memory share the KV cache may take."""
     now = policy.kv_cache.max_gpu_memory_share
     after = _step(now, settings.kv_share_step, settings.kv_share_max)
     path = ("kv_cache", "max_gpu_memory_share")

@@ -34,6 +34,7 @@ class RuleContext:
 
     @property
     def persistence(self) -> float:
+        """Share of a window's samples a condition must hold in."""
         return self.settings.persistence
 
     @property
@@ -76,6 +77,7 @@ class RuleContext:
         return out
 
     def _limits(self) -> tuple[float, float]:
+        """(stale after, minimum observation), in seconds."""
         interval_s = duration_seconds(self.policy.metrics.evaluation_interval)
         return self.settings.stale_after_intervals * interval_s, self.settings.min_observation_s
 
