@@ -31,7 +31,7 @@ from runtime.metrics.catalogue import (
 
 GROW_SIGNAL = PRODUCTION_GPU_UTILIZATION
 """The recorded series the flex budget compares with ``elastic.grow_while_production_below``
-(``_Builder.budget_step`` in the catalogue); FlexNotGrowing shows its value."""
+(``BudgetChain.budget_step`` in the catalogue); FlexNotGrowing shows its value."""
 GROWING = f'{FLEX_BUDGET_STEP}{{step="grow"}}'
 """The budget's grow step: FlexNotGrowing reads the budget's own decision, so it never fires
 while the budget holds or sheds by design, and the threshold lives in one rule."""

@@ -102,14 +102,11 @@ def _panel(
     }
 
 
-def dashboard(policy: PoolPolicy) -> dict[str, Any]:
-    """The dashboard JSON model; thresholds drawn from the policy, nodes named by
-    ``metrics.gpu_node_label`` (the dcgm-exporter label) or ``node`` (joined series)."""
-    e, t = policy.elastic, policy.alerting.thresholds
-    ns = policy.cluster.flex_namespace
-    node = policy.metrics.gpu_node_label
+def _overview_panels(policy: PoolPolicy) -> list[PanelSpec]:
+    """The pool at a glance: the grow/shed signal, GPUs free to flex, utilization."""
+    e = policy.elastic
     band = [e.grow_while_production_below, e.shed_while_production_above]
-    panels: list[PanelSpec] = [
+    return [
         (
             "Production GPU utilization vs the grow/shed band",
             [
@@ -142,6 +139,15 @@ def dashboard(policy: PoolPolicy) -> dict[str, Any]:
             "percentunit",
             None,
         ),
+    ]
+
+
+def _flex_panels(policy: PoolPolicy) -> list[PanelSpec]:
+    """The flex tier: replicas against budget and headroom, evictions, KV cache, memory."""
+    t = policy.alerting.thresholds
+    ns = policy.cluster.flex_namespace
+    node = policy.metrics.gpu_node_label
+    return [
         (
             "Flex replicas and GPU budget",
             [
@@ -175,10 +181,14 @@ def dashboard(policy: PoolPolicy) -> dict[str, Any]:
             [t.gpu_memory_pressure.max],
         ),
     ]
-    per_pod = f'namespace="{ns}"'
+
+
+def _kv_tier_panels(policy: PoolPolicy) -> list[PanelSpec]:
+    """The KV snapshot tier's row: fill, GC, and what restores bought each replica."""
+    per_pod = f'namespace="{policy.cluster.flex_namespace}"'
     by_pod = ", ".join(policy.metrics.instance_labels)
     workload = f"{{{{{policy.metrics.workload_label}}}}}"
-    tier: list[PanelSpec] = [
+    return [
         (
             "KV snapshot tier fill (used / tier_capacity)",
             [(KV_TIER_FILL, workload)],
@@ -220,6 +230,12 @@ def dashboard(policy: PoolPolicy) -> dict[str, Any]:
             None,
         ),
     ]
+
+
+def dashboard(policy: PoolPolicy) -> dict[str, Any]:
+    """The dashboard JSON model; thresholds drawn from the policy, nodes named by
+    ``metrics.gpu_node_label`` (the dcgm-exporter label) or ``node`` (joined series)."""
+    e = policy.elastic
     grow, shed = num(e.grow_while_production_below), num(e.shed_while_production_above)
     return {
         "uid": f"gpupool-{policy.cluster.name}"[:40],
@@ -243,6 +259,9 @@ def dashboard(policy: PoolPolicy) -> dict[str, Any]:
         "description": "Recorded series of the gpupool catalogue; thresholds from the policy "
         f"(flex grows while production's GPU utilization is below {grow}, sheds above {shed}).",
         "panels": _layout(
-            [(None, panels), ("KV snapshot tier (kv_preservation: filesystem)", tier)]
+            [
+                (None, _overview_panels(policy) + _flex_panels(policy)),
+                ("KV snapshot tier (kv_preservation: filesystem)", _kv_tier_panels(policy)),
+            ]
         ),
     }

@@ -21,7 +21,7 @@ Which exporters exist at all (and which of their series must) is ``catalogue.sou
 
 from __future__ import annotations
 
-from alerts.rules import Group, alert, group
+from alerts.rules import Group, Rule, alert, group
 from policy.pool import PoolPolicy
 from runtime.metrics.catalogue import Catalogue, ksm_label
 
@@ -90,74 +90,93 @@ def gpu_pod_attribution_missing_expr(policy: PoolPolicy) -> str:
     return f"({held} > 0) unless on () {attributed} and on () count({GPU_SERIES})"
 
 
-def groups(policy: PoolPolicy, catalogue: Catalogue) -> list[Group]:
-    t, m, cluster = policy.alerting.thresholds, policy.metrics, policy.cluster
+def _node_pool_labels_missing(policy: PoolPolicy) -> Rule:
+    """NodePoolLabelsMissing: kube-state-metrics exports no node's pool label."""
+    t, cluster = policy.alerting.thresholds, policy.cluster
     label = ksm_label(cluster.pool_label)
-    ns_label, pod_label = m.gpu_pod_labels
-    return [
-        group(
-            "gpupool.prerequisites",
-            policy,
-            [
-                alert(
-                    "NodePoolLabelsMissing",
-                    node_pool_labels_missing_expr(policy),
-                    t.node_pool_labels_missing,
-                    summary="kube-state-metrics exports no node's gpupool pool label.",
-                    description=(
-                        "kube-state-metrics exports {{ $value }} nodes, none with "
-                        f"{label} (node label {cluster.pool_label}) in {_pools(policy)}, for "
-                        f"{t.node_pool_labels_missing.for_}: kube-state-metrics lacks "
-                        f"--metric-labels-allowlist=nodes=[{cluster.pool_label}] (Helm: "
-                        f'metricLabelsAllowlist: ["nodes=[{cluster.pool_label}]"]) or no node '
-                        f"is labelled {cluster.pool_label}=<pool>. Until then headroom, "
-                        "reserves and the flex budget are empty: the flex HPA holds."
-                    ),
-                ),
-                alert(
-                    "GPUExporterDown",
-                    gpu_exporter_down_expr(policy),
-                    t.gpu_exporter_down,
-                    summary="A dcgm-exporter target is down.",
-                    description=(
-                        "dcgm-exporter target {{ $labels.instance }} (job {{ $labels.job }}) "
-                        f"has failed its scrapes for {t.gpu_exporter_down.for_}: its node's "
-                        "GPUs report no utilization or memory, and production's GPU "
-                        "utilization leaves them out."
-                    ),
-                ),
-                alert(
-                    "GPUsNotReporting",
-                    gpus_not_reporting_expr(policy),
-                    t.gpus_not_reporting,
-                    summary="A gpupool node has GPUs that dcgm-exporter does not report.",
-                    description=(
-                        "{{ $value }} of node {{ $labels.node }}'s (pool {{ $labels.pool }}) "
-                        f"allocatable {m.gpu_resource} have had no {GPU_SERIES} series with "
-                        f"{m.gpu_node_label}=<node> for {t.gpus_not_reporting.for_}: "
-                        "dcgm-exporter is not running on the node, cannot see the GPUs, or "
-                        f"labels them with a {m.gpu_node_label} that is not the node name "
-                        "(metrics.gpu_node_label names the label holding it: Hostname, "
-                        "hostname in the newest dcgm-exporter releases)."
-                    ),
-                ),
-                alert(
-                    "GPUPodAttributionMissing",
-                    gpu_pod_attribution_missing_expr(policy),
-                    t.gpu_pod_attribution_missing,
-                    summary="dcgm-exporter does not attribute GPUs to production pods.",
-                    description=(
-                        "Running production pods request {{ $value }} GPUs but no "
-                        f"{GPU_SERIES} series names one of them in labels {ns_label}/"
-                        f"{pod_label} (metrics.gpu_pod_labels) for "
-                        f"{t.gpu_pod_attribution_missing.for_}: production's GPU utilization, "
-                        "the grow signal, is absent, so flex never grows. Run dcgm-exporter in "
-                        "Kubernetes mode (DCGM_EXPORTER_KUBERNETES=true with the kubelet "
-                        "pod-resources socket mounted; its Helm chart and the GPU operator do "
-                        "this) and, if the scrape does not honor labels (honorLabels: false), "
-                        "set metrics.gpu_pod_labels: [exported_namespace, exported_pod]."
-                    ),
-                ),
-            ],
-        )
+    return alert(
+        "NodePoolLabelsMissing",
+        node_pool_labels_missing_expr(policy),
+        t.node_pool_labels_missing,
+        summary="kube-state-metrics exports no node's gpupool pool label.",
+        description=(
+            "kube-state-metrics exports {{ $value }} nodes, none with "
+            f"{label} (node label {cluster.pool_label}) in {_pools(policy)}, for "
+            f"{t.node_pool_labels_missing.for_}: kube-state-metrics lacks "
+            f"--metric-labels-allowlist=nodes=[{cluster.pool_label}] (Helm: "
+            f'metricLabelsAllowlist: ["nodes=[{cluster.pool_label}]"]) or no node '
+            f"is labelled {cluster.pool_label}=<pool>. Until then headroom, "
+            "reserves and the flex budget are empty: the flex HPA holds."
+        ),
+    )
+
+
+def _gpu_exporter_down(policy: PoolPolicy) -> Rule:
+    """GPUExporterDown: a dcgm-exporter target fails its scrapes."""
+    t = policy.alerting.thresholds
+    return alert(
+        "GPUExporterDown",
+        gpu_exporter_down_expr(policy),
+        t.gpu_exporter_down,
+        summary="A dcgm-exporter target is down.",
+        description=(
+            "dcgm-exporter target {{ $labels.instance }} (job {{ $labels.job }}) "
+            f"has failed its scrapes for {t.gpu_exporter_down.for_}: its node's "
+            "GPUs report no utilization or memory, and production's GPU "
+            "utilization leaves them out."
+        ),
+    )
+
+
+def _gpus_not_reporting(policy: PoolPolicy) -> Rule:
+    """GPUsNotReporting: a node has fewer GPUs in dcgm-exporter than allocatable."""
+    t, m = policy.alerting.thresholds, policy.metrics
+    return alert(
+        "GPUsNotReporting",
+        gpus_not_reporting_expr(policy),
+        t.gpus_not_reporting,
+        summary="A gpupool node has GPUs that dcgm-exporter does not report.",
+        description=(
+            "{{ $value }} of node {{ $labels.node }}'s (pool {{ $labels.pool }}) "
+            f"allocatable {m.gpu_resource} have had no {GPU_SERIES} series with "
+            f"{m.gpu_node_label}=<node> for {t.gpus_not_reporting.for_}: "
+            "dcgm-exporter is not running on the node, cannot see the GPUs, or "
+            f"labels them with a {m.gpu_node_label} that is not the node name "
+            "(metrics.gpu_node_label names the label holding it: Hostname, "
+            "hostname in the newest dcgm-exporter releases)."
+        ),
+    )
+
+
+def _gpu_pod_attribution_missing(policy: PoolPolicy) -> Rule:
+    """GPUPodAttributionMissing: no DCGM series names a production pod."""
+    t = policy.alerting.thresholds
+    ns_label, pod_label = policy.metrics.gpu_pod_labels
+    return alert(
+        "GPUPodAttributionMissing",
+        gpu_pod_attribution_missing_expr(policy),
+        t.gpu_pod_attribution_missing,
+        summary="dcgm-exporter does not attribute GPUs to production pods.",
+        description=(
+            "Running production pods request {{ $value }} GPUs but no "
+            f"{GPU_SERIES} series names one of them in labels {ns_label}/"
+            f"{pod_label} (metrics.gpu_pod_labels) for "
+            f"{t.gpu_pod_attribution_missing.for_}: production's GPU utilization, "
+            "the grow signal, is absent, so flex never grows. Run dcgm-exporter in "
+            "Kubernetes mode (DCGM_EXPORTER_KUBERNETES=true with the kubelet "
+            "pod-resources socket mounted; its Helm chart and the GPU operator do "
+            "this) and, if the scrape does not honor labels (honorLabels: false), "
+            "set metrics.gpu_pod_labels: [exported_namespace, exported_pod]."
+        ),
+    )
+
+
+def groups(policy: PoolPolicy, catalogue: Catalogue) -> list[Group]:
+    """The prerequisites group: pool labels, dcgm-exporter up, GPUs and pods reported."""
+    rules = [
+        _node_pool_labels_missing(policy),
+        _gpu_exporter_down(policy),
+        _gpus_not_reporting(policy),
+        _gpu_pod_attribution_missing(policy),
     ]
+    return [group("gpupool.prerequisites", policy, rules)]

@@ -97,25 +97,117 @@ def first_of(names: Sequence[str], matchers: str, by: str, window: str) -> str:
     )
 
 
-def groups(policy: PoolPolicy, catalogue: Catalogue) -> list[Group]:
-    t = policy.alerting.thresholds
-    m = policy.metrics
-    window = m.rate_window
-    by = f"namespace, {POOL_TARGET_LABEL}"
-    picker = f'{POOL_TARGET_LABEL}!=""'
-    ns = f'namespace="{policy.cluster.flex_namespace}"'
-    # a picker of gpupool's runs in the flex namespace (its scrape target, up or not)
-    picker_runs = f"group by (namespace) (up{{{ns}, {picker}}})"
+def _by_pool() -> str:
+    """The labels a picker's series are summed by: one series per pool."""
+    return f"namespace, {POOL_TARGET_LABEL}"
 
-    shed = t.serving_shed
+
+def _picker() -> str:
+    """Matcher of the series a picker of gpupool's exports (its pool label set)."""
+    return f'{POOL_TARGET_LABEL}!=""'
+
+
+def _flex_namespace(policy: PoolPolicy) -> str:
+    """Matcher of the flex namespace."""
+    return f'namespace="{policy.cluster.flex_namespace}"'
+
+
+def _picker_runs(policy: PoolPolicy) -> str:
+    """A picker of gpupool's runs in the flex namespace (its scrape target, up or not)."""
+    return f"group by (namespace) (up{{{_flex_namespace(policy)}, {_picker()}}})"
+
+
+def _request_rates(policy: PoolPolicy) -> list[Rule]:
+    """The picker's refused and admitted request rates, per pool."""
+    window = policy.metrics.rate_window
+    by, picker = _by_pool(), _picker()
+    return [
+        {
+            "record": SHED_RATE,
+            "expr": first_of(ERRORS, f'{picker}, error_code="{SHED_CODE}"', by, window),
+        },
+        {"record": ADMITTED_RATE, "expr": first_of(REQUESTS, picker, by, window)},
+    ]
+
+
+def _requests_shed(policy: PoolPolicy) -> Rule:
+    """ServingRequestsShed: a pool's picker refuses a large share of its requests."""
+    window = policy.metrics.rate_window
+    shed = policy.alerting.thresholds.serving_shed
     # a pool whose every request was refused has no admitted series: count it as 0
     total = f"({SHED_RATE} + ({ADMITTED_RATE} or {SHED_RATE} * 0))"
+    return alert(
+        "ServingRequestsShed",
+        f"{SHED_RATE} / {total} > {num(shed.max_share)}"
+        f" and {total} * 60 >= {num(shed.min_requests_per_minute)}",
+        shed,
+        summary="An inference pool refuses a large share of its requests as saturated.",
+        description=(
+            f"The endpoint picker of pool {{{{ $labels.{POOL_TARGET_LABEL} }}}} "
+            "(namespace {{ $labels.namespace }}) refused {{ $value | humanizePercentage }} "
+            f"of its requests over {window} with HTTP 429 (every member over "
+            "serving.endpoint_picker.queue_depth_max or kv_cache.page_table_max_usage, "
+            f"or its metrics stale); limit {shed.max_share:.0%} for {shed.for_}, at "
+            f"{shed.min_requests_per_minute:g} requests per minute or more. Sheddable "
+            "traffic is refused by design while production needs the GPUs; sustained, "
+            "the flex pool is too small for it."
+        ),
+    )
 
-    stale = t.serving_metrics_stale
-    polls = first_of(POLL_ERRORS, picker, by, window)
 
-    term = t.serving_terminating_requests
-    step = m.evaluation_interval
+def _picker_polls_stale(policy: PoolPolicy) -> Rule:
+    """ServingEndpointMetricsStale, signal ``picker-polls``: the picker's polls fail."""
+    window = policy.metrics.rate_window
+    stale = policy.alerting.thresholds.serving_metrics_stale
+    polls = first_of(POLL_ERRORS, _picker(), _by_pool(), window)
+    return _signal(
+        "picker-polls",
+        alert(
+            "ServingEndpointMetricsStale",
+            f"{polls} * 60 > 0",
+            stale,
+            summary="An endpoint picker cannot read its pool members' metrics.",
+            description=(
+                f"The endpoint picker of pool {{{{ $labels.{POOL_TARGET_LABEL} }}}} "
+                "(namespace {{ $labels.namespace }}) failed {{ $value | humanize }} polls "
+                f"per minute of its members' /metrics over {window}, for {stale.for_}: it "
+                "routes on stale queue and KV numbers, and counts the members it cannot "
+                "read as saturated (sheddable requests refused)."
+            ),
+        ),
+    )
+
+
+def _scrape_stale(policy: PoolPolicy) -> Rule:
+    """ServingEndpointMetricsStale, signal ``scrape``: a Ready pod's /metrics is down."""
+    stale = policy.alerting.thresholds.serving_metrics_stale
+    ns = _flex_namespace(policy)
+    return _signal(
+        "scrape",
+        alert(
+            "ServingEndpointMetricsStale",
+            f'(up{{{ns}, container="{VLLM_CONTAINER}"}} == 0)'
+            f' and on (namespace, pod) (kube_pod_status_ready{{{ns}, condition="true"}} == 1)'
+            f" and on (namespace) {_picker_runs(policy)}",
+            stale,
+            summary="A Ready flex pod's metrics do not answer while a picker routes to it.",
+            description=(
+                "Prometheus cannot scrape /metrics of {{ $labels.pod }} (workload "
+                f"{{{{ $labels.{policy.metrics.workload_label} }}}}, namespace "
+                "{{ $labels.namespace }}) "
+                f"for {stale.for_} although the pod is Ready, in a namespace where an "
+                "endpoint picker polls the same endpoint: the picker treats it as "
+                "saturated or routes on old numbers."
+            ),
+        ),
+    )
+
+
+def _requests_to_terminating_pod(policy: PoolPolicy) -> Rule:
+    """ServingRequestsToTerminatingPod: a pod being deleted still answers requests."""
+    term = policy.alerting.thresholds.serving_terminating_requests
+    step = policy.metrics.evaluation_interval
+    ns = _flex_namespace(policy)
     # two scrape intervals (gpupool's PodMonitors scrape at evaluation_interval): the shortest
     # window increase() can read, so aborts from before the deletion barely count
     short = format_duration(2 * duration_seconds(step))
@@ -124,79 +216,32 @@ def groups(policy: PoolPolicy, catalogue: Catalogue) -> list[Group]:
         f"[{short}])) and on (namespace, pod) "
         f"max_over_time(kube_pod_deletion_timestamp{{{ns}}}[{short}])"
     )
+    return alert(
+        "ServingRequestsToTerminatingPod",
+        f"max_over_time(({aborts})[{term.window}:{step}]) > 0"
+        f" and on (namespace) {_picker_runs(policy)}",
+        term,
+        summary="Requests reach a flex pod after it stopped taking them.",
+        description=(
+            "{{ $labels.pod }} (namespace {{ $labels.namespace }}) answered up to "
+            "{{ $value | humanize }} requests within "
+            f"{short} with vLLM's shutdown refusal (an empty 200, finish reason abort) "
+            f"while it was being deleted, in the last {term.window}: routing still sent "
+            "it requests after its readiness failed and vLLM got SIGTERM. Check the "
+            "readiness probe and disruption.prestop_delay_s against how fast the Gateway "
+            "and the endpoint picker drop a pod."
+        ),
+    )
 
+
+def groups(policy: PoolPolicy, catalogue: Catalogue) -> list[Group]:
+    """The serving group: request rates, then shed, stale and misrouting alerts."""
     rules = [
-        {
-            "record": SHED_RATE,
-            "expr": first_of(ERRORS, f'{picker}, error_code="{SHED_CODE}"', by, window),
-        },
-        {"record": ADMITTED_RATE, "expr": first_of(REQUESTS, picker, by, window)},
-        alert(
-            "ServingRequestsShed",
-            f"{SHED_RATE} / {total} > {num(shed.max_share)}"
-            f" and {total} * 60 >= {num(shed.min_requests_per_minute)}",
-            shed,
-            summary="An inference pool refuses a large share of its requests as saturated.",
-            description=(
-                f"The endpoint picker of pool {{{{ $labels.{POOL_TARGET_LABEL} }}}} "
-                "(namespace {{ $labels.namespace }}) refused {{ $value | humanizePercentage }} "
-                f"of its requests over {window} with HTTP 429 (every member over "
-                "serving.endpoint_picker.queue_depth_max or kv_cache.page_table_max_usage, "
-                f"or its metrics stale); limit {shed.max_share:.0%} for {shed.for_}, at "
-                f"{shed.min_requests_per_minute:g} requests per minute or more. Sheddable "
-                "traffic is refused by design while production needs the GPUs; sustained, "
-                "the flex pool is too small for it."
-            ),
-        ),
-        _signal(
-            "picker-polls",
-            alert(
-                "ServingEndpointMetricsStale",
-                f"{polls} * 60 > 0",
-                stale,
-                summary="An endpoint picker cannot read its pool members' metrics.",
-                description=(
-                    f"The endpoint picker of pool {{{{ $labels.{POOL_TARGET_LABEL} }}}} "
-                    "(namespace {{ $labels.namespace }}) failed {{ $value | humanize }} polls "
-                    f"per minute of its members' /metrics over {window}, for {stale.for_}: it "
-                    "routes on stale queue and KV numbers, and counts the members it cannot "
-                    "read as saturated (sheddable requests refused)."
-                ),
-            ),
-        ),
-        _signal(
-            "scrape",
-            alert(
-                "ServingEndpointMetricsStale",
-                f'(up{{{ns}, container="{VLLM_CONTAINER}"}} == 0)'
-                f' and on (namespace, pod) (kube_pod_status_ready{{{ns}, condition="true"}} == 1)'
-                f" and on (namespace) {picker_runs}",
-                stale,
-                summary="A Ready flex pod's metrics do not answer while a picker routes to it.",
-                description=(
-                    "Prometheus cannot scrape /metrics of {{ $labels.pod }} (workload "
-                    f"{{{{ $labels.{m.workload_label} }}}}, namespace {{{{ $labels.namespace }}}}) "
-                    f"for {stale.for_} although the pod is Ready, in a namespace where an "
-                    "endpoint picker polls the same endpoint: the picker treats it as "
-                    "saturated or routes on old numbers."
-                ),
-            ),
-        ),
-        alert(
-            "ServingRequestsToTerminatingPod",
-            f"max_over_time(({aborts})[{term.window}:{step}]) > 0 and on (namespace) {picker_runs}",
-            term,
-            summary="Requests reach a flex pod after it stopped taking them.",
-            description=(
-                "{{ $labels.pod }} (namespace {{ $labels.namespace }}) answered up to "
-                "{{ $value | humanize }} requests within "
-                f"{short} with vLLM's shutdown refusal (an empty 200, finish reason abort) "
-                f"while it was being deleted, in the last {term.window}: routing still sent "
-                "it requests after its readiness failed and vLLM got SIGTERM. Check the "
-                "readiness probe and disruption.prestop_delay_s against how fast the Gateway "
-                "and the endpoint picker drop a pod."
-            ),
-        ),
+        *_request_rates(policy),
+        _requests_shed(policy),
+        _picker_polls_stale(policy),
+        _scrape_stale(policy),
+        _requests_to_terminating_pod(policy),
     ]
     return [group("gpupool.serving", policy, rules)]
 

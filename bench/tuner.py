@@ -31,12 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from policy import load_policy
 from runtime.metrics import catalogue
 from runtime.metrics.evictions import PRECEDENCE
-from runtime.tuner.cycle import CycleReport, Target, run_cycle
+from runtime.tuner.cycle import CycleReport, run_cycle
 from runtime.tuner.manifests import PolicyChange, manifest_diff
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.signals import SIGNALS
+from runtime.tuner.target import Target
 from runtime.tuner.yamledit import edit_scalars
 from tests.harness.servers import REPO, require_binary, start_prometheus
 

@@ -114,21 +114,9 @@ def check_unique(groups: Sequence[ObjectGroup]) -> None:
                 seen[key] = where
 
 
-def build_groups(
-    policy: PoolPolicy,
-    *,
-    target: Target,
-    vllm_args: Mapping[str, Sequence[str]],
-    hpa_tolerance: HpaTolerance = "cluster",
-    serving: ServingOptions = DEFAULT_SERVING,
-) -> list[ObjectGroup]:
-    """Every object, grouped; ``vllm_args`` maps workload name -> the vLLM container args;
-    ``target``, ``hpa_tolerance`` and ``serving`` are the stack's options (docs/infra.md,
-    docs/serving.md)."""
-    missing = [w.name for w in policy.workloads if w.name not in vllm_args]
-    if missing:
-        raise MissingVllmArgs(f"no vLLM arguments for workloads {missing}")
-    groups = [
+def _system_groups(policy: PoolPolicy, target: Target) -> list[ObjectGroup]:
+    """The groups every bundle has: scheduling, node pools, runtime, monitoring."""
+    return [
         ObjectGroup(
             SCHEDULING,
             "scheduling",
@@ -151,13 +139,28 @@ def build_groups(
             MONITORING, "monitoring", (*monitoring_objects(policy), flex_pod_monitor(policy))
         ),
     ]
+
+
+def _production_groups(policy: PoolPolicy) -> list[ObjectGroup]:
+    """The production HPAs' group, where some production workload scales on GPU use."""
     hpas = production_autoscalers(policy)
-    if hpas:
-        groups.append(ObjectGroup(PRODUCTION, "production", tuple(hpas)))
+    return [ObjectGroup(PRODUCTION, "production", tuple(hpas))] if hpas else []
+
+
+def _workload_groups(
+    policy: PoolPolicy,
+    *,
+    target: Target,
+    vllm_args: Mapping[str, Sequence[str]],
+    hpa_tolerance: HpaTolerance,
+    serving: ServingOptions,
+) -> list[ObjectGroup]:
+    """One group per flex workload: its objects and the network policy that admits its
+    clients (the Gateway's namespace where the inference extension routes to it)."""
     served = serving.mode != "off"
     gateway = policy.serving.gateway.namespace if policy.serving is not None else None
     clients = (gateway,) if gateway is not None and serving.mode == "inference-extension" else ()
-    groups += [
+    return [
         ObjectGroup(
             INFERENCE_WORKLOAD,
             w.name,
@@ -175,9 +178,41 @@ def build_groups(
         )
         for w in policy.workloads
     ]
-    groups += [
+
+
+def _serving_groups(policy: PoolPolicy, serving: ServingOptions) -> list[ObjectGroup]:
+    """The serving layer's groups for the stack's ``gpupool:serving`` mode."""
+    return [
         ObjectGroup(SERVING[serving.mode], name, tuple(objects))
         for name, objects in serving_groups(policy, serving)
+    ]
+
+
+def build_groups(
+    policy: PoolPolicy,
+    *,
+    target: Target,
+    vllm_args: Mapping[str, Sequence[str]],
+    hpa_tolerance: HpaTolerance = "cluster",
+    serving: ServingOptions = DEFAULT_SERVING,
+) -> list[ObjectGroup]:
+    """Every object, grouped; ``vllm_args`` maps workload name -> the vLLM container args;
+    ``target``, ``hpa_tolerance`` and ``serving`` are the stack's options (docs/infra.md,
+    docs/serving.md)."""
+    missing = [w.name for w in policy.workloads if w.name not in vllm_args]
+    if missing:
+        raise MissingVllmArgs(f"no vLLM arguments for workloads {missing}")
+    groups = [
+        *_system_groups(policy, target),
+        *_production_groups(policy),
+        *_workload_groups(
+            policy,
+            target=target,
+            vllm_args=vllm_args,
+            hpa_tolerance=hpa_tolerance,
+            serving=serving,
+        ),
+        *_serving_groups(policy, serving),
     ]
     groups = [replace(g, objects=tuple(map(retained, g.objects))) for g in groups]
     check_unique(groups)

@@ -19,7 +19,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from policy.pool import PoolPolicy
-from runtime.tuner.decisions import PolicyPath
+from runtime.tuner.proposals import PolicyPath
 from runtime.tuner.yamledit import ValueEdit, lookup, render
 
 MOVE_NODES = "move_nodes"

@@ -20,9 +20,9 @@ from runtime.tuner.webhook import TOKEN_ENV
 if TYPE_CHECKING:
     from prometheus_api_client import PrometheusConnect
 
-    from runtime.tuner.cycle import ForgeOptions, Target
     from runtime.tuner.selfmetrics import TunerMetrics
     from runtime.tuner.settings import TunerSettings
+    from runtime.tuner.target import ForgeOptions, Target
 
 Cycle = Callable[[str], None]
 """One tuning cycle, given its trigger (``once``, ``timer`` or an alert's)."""
@@ -158,7 +158,7 @@ def tune(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every decision.")] = False,
 ) -> None:
     """Propose policy changes from what Prometheus shows, as git branches with evidence."""
-    from runtime.tuner.cycle import Target
+    from runtime.tuner.target import Target
 
     logging.basicConfig(
         level=logging.INFO if verbose or not once else logging.WARNING,
@@ -240,7 +240,7 @@ def _forge_options(
 ) -> ForgeOptions | None:
     """Where ``--open-pr`` opens pull requests, checked before any side effect; None without it."""
     from runtime.tuner import forge
-    from runtime.tuner.cycle import ForgeOptions
+    from runtime.tuner.target import ForgeOptions
 
     if not open_pr:
         return None

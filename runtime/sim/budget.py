@@ -2,7 +2,7 @@
 
 ``runtime.metrics.catalogue`` turns the policy into PromQL that Prometheus evaluates in the
 cluster; the what-if engine needs the same number from simulated exporter values at every
-evaluation. This module mirrors ``_Builder.spare``, ``headroom``, ``production_utilization``,
+evaluation. This module mirrors ``BudgetChain.spare``, ``headroom``, ``production_utilization``,
 ``budget_step``, ``shed``, ``grow`` and ``budget`` term by term (same inputs, thresholds,
 floors and clamps, the same "no series" outcomes), and ``tests/sim/test_budget_promql.py``
 proves the two equal by writing sampled simulated states into a real Prometheus and
@@ -73,7 +73,7 @@ class Exports(Protocol):
         ...
 
     def free_gpus(self, pools: set[str], unit: int = 1) -> int:
-        """``_Builder.unallocated_by_node`` over ``pools``: whole ``unit``s of each
+        """``BudgetChain.unallocated_by_node`` over ``pools``: whole ``unit``s of each
         schedulable node's unallocated GPUs, summed."""
         ...
 
@@ -113,7 +113,7 @@ class ExporterView:
         return {name: (pools[name], max(free, 0)) for name, free in nodes.items()}
 
     def unallocated(self, pools: set[str]) -> dict[str, int]:
-        """``_Builder.unallocated_by_node``: free GPUs per schedulable node of ``pools``."""
+        """``BudgetChain.unallocated_by_node``: free GPUs per schedulable node of ``pools``."""
         return {name: free for name, (pool, free) in self._free.items() if pool in pools}
 
     def schedulable_gpus(self, pools: set[str]) -> int | None:
@@ -156,7 +156,7 @@ def _names(pools: list[NodePool]) -> set[str]:
 
 
 def own_reserve(policy: PoolPolicy, pool: NodePool, view: Exports) -> int:
-    """``_Builder.own_reserve``: the GPUs one pool keeps free (0 with no schedulable node).
+    """``BudgetChain.own_reserve``: the GPUs one pool keeps free (0 with no schedulable node).
 
     A share: floor(schedulable GPUs x reserve_ratio). Slots: S x R while R whole slots of S
     GPUs are free on single nodes, S x (R + missing slots) while fewer are."""
@@ -174,13 +174,13 @@ def own_reserve(policy: PoolPolicy, pool: NodePool, view: Exports) -> int:
 
 
 def reserve(policy: PoolPolicy, view: Exports, pools: list[NodePool] | None = None) -> int:
-    """``_Builder.reserved`` of ``pools`` (default: every pool), summed."""
+    """``BudgetChain.reserved`` of ``pools`` (default: every pool), summed."""
     chosen = policy.node_pools if pools is None else pools
     return sum(own_reserve(policy, pool, view) for pool in chosen)
 
 
 def spare(policy: PoolPolicy, view: Exports) -> int | None:
-    """``_Builder.spare``: unallocated GPUs beyond the reserves and pending production."""
+    """``BudgetChain.spare``: unallocated GPUs beyond the reserves and pending production."""
     pools = _names(policy.node_pools)
     if view.schedulable_gpus(pools) is None:
         return None
@@ -193,7 +193,7 @@ def _flex_pending(policy: PoolPolicy, view: Exports) -> int:
 
 
 def headroom(policy: PoolPolicy, pool: NodePool, view: Exports) -> float | None:
-    """``_Builder.headroom``: min(pool's unallocated GPUs, spare - waiting flex), at least 0."""
+    """``BudgetChain.headroom``: min(pool's unallocated GPUs, spare - waiting flex), at least 0."""
     room = spare(policy, view)
     if view.schedulable_gpus({pool.name}) is None or room is None:
         return None
@@ -202,7 +202,7 @@ def headroom(policy: PoolPolicy, pool: NodePool, view: Exports) -> float | None:
 
 
 def production_utilization(policy: PoolPolicy, view: Exports) -> float | None:
-    """``_Builder.production_utilization``: production's busy GPU-equivalents over the pools'
+    """``BudgetChain.production_utilization``: production's busy GPU-equivalents over the pools'
     schedulable GPUs; 0 if production holds none, None when it holds GPUs that no dcgm series
     attributes to it or no node is schedulable."""
     total = view.schedulable_gpus(_names(policy.node_pools))
@@ -213,8 +213,9 @@ def production_utilization(policy: PoolPolicy, view: Exports) -> float | None:
 
 
 def production_demanded(view: ExporterView) -> int | None:
-    """``_Builder.production_demanded``: GPUs of production's bound pods plus its pending
-    ones; None without any pod (no kube-state-metrics series)."""
+    """``production_demanded`` of ``runtime.metrics.catalogue.capacity``: GPUs of
+    production's bound pods plus its pending ones; None without any pod (no
+    kube-state-metrics series)."""
     if not view.pods:
         return None
     bound = sum(p.gpus for p in view.pods if p.production and p.node is not None)
@@ -233,12 +234,12 @@ def of_deployment(deployment: str, pod: str) -> bool:
 
 
 def held(policy: PoolPolicy, workload: FlexWorkload, view: Exports) -> int:
-    """``_Builder.held``: GPUs of the workload's bound pods that are not terminating."""
+    """``BudgetChain.held``: GPUs of the workload's bound pods that are not terminating."""
     return view.held_gpus(policy.cluster.flex_namespace, workload.name)
 
 
 def budget(policy: PoolPolicy, workload: FlexWorkload, view: Exports) -> float | None:
-    """``_Builder.budget``: GPUs ``workload`` may occupy, or None where PromQL has no series."""
+    """``BudgetChain.budget``: GPUs ``workload`` may occupy, or None where PromQL has no series."""
     replicas = view.spec_replicas.get(workload.name)
     room_all = spare(policy, view)
     if replicas is None or room_all is None:
@@ -266,6 +267,6 @@ def budget(policy: PoolPolicy, workload: FlexWorkload, view: Exports) -> float |
 
 
 def sharing_workloads(policy: PoolPolicy, workload: FlexWorkload) -> int:
-    """``_Builder.sharing``: workloads whose pools overlap ``workload``'s."""
+    """``BudgetChain.sharing``: workloads whose pools overlap ``workload``'s."""
     mine = _names(policy.pools_for(workload))
     return sum(1 for w in policy.workloads if mine & _names(policy.pools_for(w)))

@@ -10,7 +10,7 @@ into a ``MetricsSnapshot`` with the tuner's own ``signals.snapshot_of`` and call
 ``decisions.decide`` with the policy in force, the tuner's state and the workloads' model
 configs, as ``runtime.tuner.cycle`` does. A proposal waits ``review_delay_s`` (a person
 reviews and merges the pull request); it is then applied to the policy in force by
-``decisions.apply_changes``, which validates it, and the workloads' vLLM plans are sized
+``levers.apply_changes``, which validates it, and the workloads' vLLM plans are sized
 again. A proposal whose "before" values no longer match the policy (another change was merged
 first: a conflict), or that the policy's invariants or the vLLM plan refuse, is recorded as
 refused and changes nothing. The replay adopts a merged policy from its next step
@@ -36,7 +36,9 @@ from runtime.metrics import catalogue
 from runtime.metrics.evictions import canonical_reason, canonical_reasons
 from runtime.sim.budget import headroom, production_utilization
 from runtime.sim.engine import LoopState, Replay, Retune
-from runtime.tuner.decisions import Change, NoOp, Proposal, TunerState, apply_changes, decide
+from runtime.tuner.decisions import decide
+from runtime.tuner.levers import apply_changes
+from runtime.tuner.proposals import Change, NoOp, Proposal, TunerState
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.signals import SIGNALS, snapshot_of
 from runtime.tuner.snapshot import Labels, MetricsSnapshot, Series

@@ -63,7 +63,7 @@ def test_a_missing_key_gets_its_own_line_in_its_mapping_before_the_next_comment(
 
 
 def test_the_tuner_still_refuses_a_field_not_written() -> None:
-    from runtime.tuner.decisions import Change
+    from runtime.tuner.proposals import Change
     from runtime.tuner.yamledit import edit_scalars
 
     with pytest.raises(YamlEditError, match="not written in the policy file"):

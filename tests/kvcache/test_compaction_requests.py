@@ -23,7 +23,7 @@ from runtime.kvcache.sidecar.compaction_request import KIND, VERSION, RequestRej
 from runtime.kvcache.sidecar.service import CompactionSidecar, serve_http
 from runtime.kvcache.sidecar.triggers import InstanceSample, PoolState, decide, shrink_target
 from runtime.tuner.compaction import compaction_payload
-from runtime.tuner.decisions import CompactionRequest, Evidence
+from runtime.tuner.proposals import CompactionRequest, Evidence
 
 POLICY = load_policy(DEFAULT_POLICY)
 WORKLOAD = POLICY.workloads[0].name

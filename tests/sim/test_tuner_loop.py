@@ -28,7 +28,8 @@ from runtime.sim.report import summarize
 from runtime.sim.serving import Requests
 from runtime.sim.traces import ProductionTrace
 from runtime.sim.tuning import TunerConfig, TunerLoop, TunerRun, merge
-from runtime.tuner.decisions import REASON_LABEL, Change
+from runtime.tuner.eviction_rule import REASON_LABEL
+from runtime.tuner.proposals import Change
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.signals import SIGNALS, split
 from runtime.tuner.snapshot import MetricsSnapshot

@@ -15,8 +15,8 @@ from runtime.advise.levers import CURRENT, LeverError, Variant
 from runtime.advise.sweep import Point
 from runtime.sim.report import Summary
 from runtime.tuner import advice
-from runtime.tuner.decisions import TunerState
 from runtime.tuner.forge import raw_file_url
+from runtime.tuner.proposals import TunerState
 from runtime.tuner.yamledit import ValueEdit
 from tests.advise.test_front import base  # noqa: F401  (the fixture: an hour of 16 GPUs)
 

@@ -22,10 +22,11 @@ import pytest
 
 from policy import DEFAULT_POLICY
 from runtime.sim.traces import load_production_trace
-from runtime.tuner.cycle import CycleReport, ForgeOptions, Target, run_cycle
+from runtime.tuner.cycle import CycleReport, run_cycle
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
+from runtime.tuner.target import ForgeOptions, Target
 from tests.harness.git import git
 from tests.harness.github import ReplayGitHub
 from tests.harness.servers import REPO, Server, start_prometheus

@@ -19,7 +19,7 @@ from runtime.cli.app import app
 from runtime.kvcache.control import ControlClient
 from runtime.kvcache.sidecar.service import CompactionSidecar, serve_http
 from runtime.tuner import compaction
-from runtime.tuner.decisions import CompactionRequest, Evidence
+from runtime.tuner.proposals import CompactionRequest, Evidence
 from tests.harness.servers import free_port
 
 POLICY = load_policy(DEFAULT_POLICY)

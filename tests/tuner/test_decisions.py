@@ -11,22 +11,15 @@ import pytest
 from policy import DEFAULT_POLICY, PoolPolicy, load_policy, parse_policy
 from runtime.metrics import catalogue as c
 from runtime.metrics import evictions as ev
-from runtime.tuner.decisions import (
+from runtime.tuner.decisions import decide, eviction_storm, idle_flex_demand, kv_capacity
+from runtime.tuner.levers import (
     FLEX_MAX_REPLICAS,
     KV_SHARE,
     PROD_RESERVE,
     SHED_THRESHOLD,
-    CompactionRequest,
-    CycleDecision,
-    NoOp,
-    Proposal,
-    TunerState,
     apply_changes,
-    decide,
-    eviction_storm,
-    idle_flex_demand,
-    kv_capacity,
 )
+from runtime.tuner.proposals import CompactionRequest, CycleDecision, NoOp, Proposal, TunerState
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.signals import Combine, combine, snapshot_of, split
 from runtime.tuner.snapshot import Labels, MetricsSnapshot, Series

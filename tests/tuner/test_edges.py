@@ -12,10 +12,10 @@ from infra.diff import diff_documents
 from infra.pipeline import render_policy_file
 from policy import DEFAULT_POLICY, PolicyError, load_policy
 from runtime.cli.app import app
-from runtime.tuner.decisions import Change
 from runtime.tuner.forge import build_pull_request
 from runtime.tuner.gitrepo import branch_of, commit_on_new_branch, git, push, resolve
 from runtime.tuner.manifests import PolicyChange, manifest_diff
+from runtime.tuner.proposals import Change
 from runtime.tuner.settings import TunerSettings, load_settings
 from runtime.tuner.webhook import Triggers, notification_key
 from runtime.tuner.yamledit import YamlEditError, edit_scalars

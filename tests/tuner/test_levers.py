@@ -1,7 +1,7 @@
 """Every lever the tuner can propose changes what the cluster does, not only the policy copy.
 
-The levers are read from ``runtime.tuner.decisions`` (``LEVERS``), and a static check proves
-no rule builds a ``Change`` outside a lever's step, so a new lever cannot skip this test.
+The levers are read from ``runtime.tuner.levers`` (``LEVERS``), and a static check proves
+no rule module builds a ``Change`` outside a lever's step, so a new lever cannot skip this test.
 Each lever's step from the shipped policy is spliced into ``pool.yaml`` as the tuner does
 (``edit_scalars``), both policies are rendered like ``gpupool diff`` (``render_policy_file``,
 the ``labels`` target, the model configs beside the policy), and the rendered difference
@@ -21,8 +21,8 @@ import yaml
 from infra.diff import diff_documents
 from infra.pipeline import render_policy_file
 from policy import DEFAULT_POLICY, load_policy
-from runtime.tuner import decisions
-from runtime.tuner.decisions import LEVERS, Lever
+from runtime.tuner import decisions, eviction_rule, idle_rule, kv_rule, levers, rule_context
+from runtime.tuner.levers import LEVERS, Lever
 from runtime.tuner.settings import TunerSettings
 from runtime.tuner.yamledit import edit_scalars
 
@@ -33,10 +33,15 @@ CAPPED = SHIPPED.replace("max_replicas: auto", "max_replicas: 8", 1)
 widening lever steps from this one."""
 
 
+RULE_MODULES = (decisions, rule_context, levers, eviction_rule, idle_rule, kv_rule)
+"""Every module of the tuner's rules: the decision, the context, the levers, each rule."""
+
+
 def test_every_change_is_made_by_a_registered_lever() -> None:
-    tree = ast.parse(Path(decisions.__file__).read_text())
+    trees = [ast.parse(Path(module.__file__ or "").read_text()) for module in RULE_MODULES]
     makers = {
         node.name
+        for tree in trees
         for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef)
         and any(
@@ -47,7 +52,9 @@ def test_every_change_is_made_by_a_registered_lever() -> None:
         )
     }
     assert makers == {lever.steps.__name__ for lever in LEVERS}
-    defined = [v for v in vars(decisions).values() if isinstance(v, Lever)]
+    defined = {
+        id(v): v for module in RULE_MODULES for v in vars(module).values() if isinstance(v, Lever)
+    }.values()
     assert sorted(lever.name for lever in defined) == sorted(lever.name for lever in LEVERS)
     assert len({lever.name for lever in LEVERS}) == len(LEVERS)
 

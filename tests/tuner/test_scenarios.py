@@ -18,10 +18,11 @@ import pytest
 from ruamel.yaml import YAML
 
 from policy import parse_policy
-from runtime.tuner.cycle import CycleReport, Target, run_cycle
+from runtime.tuner.cycle import CycleReport, run_cycle
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
+from runtime.tuner.target import Target
 from tests.harness.git import git
 from tests.harness.servers import REPO, Server, start_prometheus
 from tests.tuner import scenarios

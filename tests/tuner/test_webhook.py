@@ -36,10 +36,11 @@ from infra.builders.runtime_components import (
     tuner_deployment,
 )
 from policy import DEFAULT_POLICY, load_policy, parse_policy
-from runtime.tuner.cycle import CycleReport, Target, run_cycle
+from runtime.tuner.cycle import CycleReport, run_cycle
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
+from runtime.tuner.target import Target
 from runtime.tuner.webhook import (
     DEFAULT_LIMITS,
     TOKEN_ENV,
