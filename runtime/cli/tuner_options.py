@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from runtime.cli.errors import UsageProblem
+from runtime.cli.options import host_port
 from runtime.cli.secret_files import read_secret
 from runtime.tuner.webhook import TOKEN_ENV
 
@@ -128,9 +129,7 @@ def tune_options(
 
     settings = load_settings(settings_file)
     for service in compaction_services:
-        host, _, port = service.rpartition(":")
-        if not host or not port.isdigit():
-            raise UsageProblem(f"--compaction-service: expected HOST:PORT, found {service!r}")
+        host_port("--compaction-service", service)
     when = None if at is None else _timestamp(at)
     return TuneOptions(
         target=target,
