@@ -17,7 +17,7 @@ from runtime.cli import tables
 from runtime.cli.consoles import console
 from runtime.cli.errors import UsageProblem, reported_errors
 from runtime.cli.options import HoursOption, ProdTraceOption, TargetOption
-from runtime.cli.policy_commands import ExampleOption, input_files
+from runtime.cli.policy_commands import ExampleOption, PolicyOption, input_files
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
 from runtime.cli.whatif_options import (
     BacklogOption,
@@ -31,7 +31,6 @@ from runtime.cli.whatif_options import (
     MarkdownOption,
     OutputPaths,
     PlotsOption,
-    PolicyOption,
     PolicyPathOption,
     PolicySource,
     ProdTargetUtilizationOption,

@@ -17,10 +17,6 @@ from runtime.sim.options import Options
 from runtime.sim.production import RuleMode
 from runtime.sim.whatif import LayoutMode
 
-PolicyOption = Annotated[
-    Path | None,
-    typer.Option("--policy", help="Policy file (default: ./policy/pool.yaml)."),
-]
 BaseOption = Annotated[str | None, typer.Option(help="Git ref of the policy before the change.")]
 HeadOption = Annotated[str | None, typer.Option(help="Git ref of the policy after the change.")]
 RepoOption = Annotated[Path, typer.Option(help="Policy repository for --base/--head.")]
