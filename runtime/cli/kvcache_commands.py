@@ -6,7 +6,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,9 +14,13 @@ from infra.builders.compaction_sidecar import SOCKET_PATH, TOKEN_PATH
 from policy import load_policy
 from policy.base import duration_seconds
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.options import host_port
 from runtime.cli.policy_commands import ExampleOption, policy_file
 from runtime.kvcache.control import ControlClient, ControlError, Op, read_token
 from runtime.kvcache.limits import CompactionLimits
+
+if TYPE_CHECKING:
+    from runtime.kvcache.sidecar.service import CompactionSidecar
 
 kv_app = typer.Typer(
     name="kv-sidecar",
@@ -36,11 +40,17 @@ PolicyOpt = Annotated[
 ]
 
 
-def _client(socket: Path, token_file: Path) -> ControlClient:
+def _token(token_file: Path) -> str:
+    """The token in ``token_file``; an unreadable one is one line."""
     try:
-        return ControlClient(socket, read_token(token_file))
+        return read_token(token_file)
     except ControlError as exc:
         raise UsageProblem(str(exc)) from None
+
+
+def _client(socket: Path, token_file: Path) -> ControlClient:
+    """A client of the plugin's control socket, with the token it requires."""
+    return ControlClient(socket, _token(token_file))
 
 
 def _call(socket: Path, token_file: Path, op: Op, **args: Any) -> None:
@@ -145,34 +155,32 @@ def run(
     watched = PolicyFile(policy_file(policy, example=example))
     with reported_errors():
         loaded = watched.load()
-        try:
-            token = read_token(token_file)
-        except ControlError as exc:
-            raise UsageProblem(str(exc)) from None
-        host, _, port = listen.rpartition(":")
-        if not host or not port.isdigit():
-            raise UsageProblem(f"--listen: expected HOST:PORT, found {listen!r}")
+        token = _token(token_file)
+        host, port = host_port("--listen", listen)
     compaction_token = None
     if compaction_token_file is not None and compaction_token_file.exists():
         with reported_errors():
-            try:
-                compaction_token = read_token(compaction_token_file)
-            except ControlError as exc:
-                raise UsageProblem(str(exc)) from None
+            compaction_token = _token(compaction_token_file)
     sidecar = CompactionSidecar(
         loaded, metrics_url, ControlClient(socket, token), watched, workload=workload
     )
     server = serve_http(sidecar, host, int(port), token, compaction_token)
-    done = 0
     try:
-        while polls == 0 or done < polls:
-            decision, reply = sidecar.poll()
-            typer.echo(json.dumps({"decision": decision.__dict__, "reply": reply}), err=True)
-            done += 1
-            if polls == 0 or done < polls:
-                time.sleep(duration_seconds(sidecar.policy.kv_cache.compaction_poll_interval))
+        _polls(sidecar, polls)
     finally:
         server.shutdown()
+
+
+def _polls(sidecar: CompactionSidecar, polls: int) -> None:
+    """``polls`` polls (0: forever), one JSON line each on stderr, the policy's poll interval
+    between them."""
+    done = 0
+    while polls == 0 or done < polls:
+        decision, reply = sidecar.poll()
+        typer.echo(json.dumps({"decision": decision.__dict__, "reply": reply}), err=True)
+        done += 1
+        if polls == 0 or done < polls:
+            time.sleep(duration_seconds(sidecar.policy.kv_cache.compaction_poll_interval))
 
 
 def register(app: typer.Typer) -> None:

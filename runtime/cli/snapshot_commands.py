@@ -8,12 +8,19 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.options import host_port
 from runtime.cli.policy_commands import ExampleOption, policy_file
+
+if TYPE_CHECKING:
+    from runtime.kvcache.preservation.gc import GcSettings, SnapshotGc
+    from runtime.kvcache.preservation.retention import Plan
+    from runtime.kvcache.preservation.volume import Applied, Budget
+    from runtime.kvcache.sidecar.policy_file import PolicyFile
 
 log = logging.getLogger(__name__)
 
@@ -73,43 +80,54 @@ def gc(
             settings = settings_for(watched.load(), capacity_bytes)
         except ValueError as exc:
             raise UsageProblem(f"--capacity-bytes: {exc}") from None
-        host, _, port = listen.rpartition(":")
-        if not host or not port.isdigit():
-            raise UsageProblem(f"--listen: expected HOST:PORT, found {listen!r}")
+        host, port = host_port("--listen", listen)
         if not root.is_dir():
             raise UsageProblem(f"--root: {root} is not a directory (is the volume mounted?)")
     registry = CollectorRegistry()
     collector = SnapshotGc(root, os.environ.get(POD_ENV) or socket.gethostname(), registry)
     server, thread = start_http_server(int(port), host, registry)
-    done = 0
     try:
-        while passes == 0 or done < passes:
-            reload = watched.refresh()
-            for problem in reload.problems:
-                log.warning("policy update refused, the last good one stays: %s", problem)
-            if reload.policy is not None:
-                settings = settings_for(reload.policy, capacity_bytes)
-            decided, applied = collector.run_once(settings)
-            walk = collector.last_walk
-            typer.echo(
-                json.dumps(
-                    {
-                        "used_bytes": decided.used_bytes,
-                        "kept_bytes": decided.kept_bytes,
-                        "deleted": applied.deleted_files,
-                        "errors": len(applied.errors),
-                        "passed_over": walk.skipped if walk else 0,
-                        "complete": not (walk and walk.expired),
-                    }
-                ),
-                err=True,
-            )
-            done += 1
-            if passes == 0 or done < passes:
-                time.sleep(settings.interval_s)
+        _gc_passes(collector, watched, settings, capacity_bytes, passes)
     finally:
         server.shutdown()
         thread.join()
+
+
+def _gc_passes(
+    collector: SnapshotGc,
+    watched: PolicyFile,
+    settings: GcSettings,
+    capacity_bytes: int,
+    passes: int,
+) -> None:
+    """``passes`` passes (0: forever), the policy re-read before each, one JSON line per
+    pass on stderr, the policy's interval between them."""
+    from runtime.kvcache.preservation.gc import settings_for
+
+    done = 0
+    while passes == 0 or done < passes:
+        reload = watched.refresh()
+        for problem in reload.problems:
+            log.warning("policy update refused, the last good one stays: %s", problem)
+        if reload.policy is not None:
+            settings = settings_for(reload.policy, capacity_bytes)
+        decided, applied = collector.run_once(settings)
+        typer.echo(json.dumps(_pass_record(decided, applied, collector.last_walk)), err=True)
+        done += 1
+        if passes == 0 or done < passes:
+            time.sleep(settings.interval_s)
+
+
+def _pass_record(decided: Plan, applied: Applied, walk: Budget | None) -> dict[str, object]:
+    """What one pass did, as the GC's log line says it."""
+    return {
+        "used_bytes": decided.used_bytes,
+        "kept_bytes": decided.kept_bytes,
+        "deleted": applied.deleted_files,
+        "errors": len(applied.errors),
+        "passed_over": walk.skipped if walk else 0,
+        "complete": not (walk and walk.expired),
+    }
 
 
 @snapshot_app.command()

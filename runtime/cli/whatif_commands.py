@@ -7,31 +7,51 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
 
 import typer
 from rich.progress import Progress as RichProgress
 
-from infra.builders.workload import HPA_TOLERANCES
 from policy import load_policy
 from runtime import atomic_file
 from runtime.cli import tables
 from runtime.cli.consoles import console
 from runtime.cli.errors import UsageProblem, reported_errors
-from runtime.cli.policy_commands import ExampleOption, input_files
+from runtime.cli.options import HoursOption, ProdTraceOption, TargetOption
+from runtime.cli.policy_commands import ExampleOption, PolicyOption, input_files
 from runtime.cli.policy_commands import policy_file as resolve_policy_file
+from runtime.cli.whatif_options import (
+    BacklogOption,
+    BaseOption,
+    FitProductionOption,
+    FlexTraceOption,
+    HeadOption,
+    HpaToleranceOption,
+    JsonOption,
+    LayoutOption,
+    MarkdownOption,
+    OutputPaths,
+    PlotsOption,
+    PolicyPathOption,
+    PolicySource,
+    ProdTargetUtilizationOption,
+    ProductionRuleOption,
+    RateScaleOption,
+    RepoOption,
+    ReviewDelayOption,
+    SeedOption,
+    StartupOption,
+    TunerOption,
+    TunerSettingsOption,
+    replay_options,
+)
 from runtime.sim import markdown, output
-from runtime.sim import options as replay_options
 from runtime.sim.gitrefs import RefError, policy_at
 from runtime.sim.options import DEMO, Options, build_whatif
+from runtime.sim.options import input_files as replay_inputs
 from runtime.sim.service_time import ServiceTimeError
-from runtime.sim.traces import (
-    TraceError,
-)
+from runtime.sim.traces import TraceError
 from runtime.sim.whatif import Result, WhatIfError, run
 from runtime.vllm import BackendError, KvPlanError, ModelConfigError
-
-"""``soft_wrap``: a line stays one line in a pipe (the terminal wraps it on screen)."""
 
 DOMAIN_ERRORS = (
     TraceError,
@@ -42,6 +62,7 @@ DOMAIN_ERRORS = (
     KvPlanError,
     BackendError,
 )
+"""What a replay raises for bad input (traces, refs, the model): one line, not a traceback."""
 
 
 def replay(policy_file: Path, options: Options, label: str) -> Result:
@@ -58,23 +79,14 @@ def replay(policy_file: Path, options: Options, label: str) -> Result:
         )
 
 
-ProdTraceOption = Annotated[
-    str | None,
-    typer.Option(
-        help="Production trace: Alibaba duty-cycle CSV, timestamp,gpus_demanded[,duty_cycle] "
-        "CSV (gpupool production-trace writes one), or 'diurnal' (default: the bundled "
-        "Alibaba sample)."
-    ),
-]
-"""``--prod-trace`` of every command that replays."""
-
-
 def print_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """A table whose values stay whole at any width (``tables.print_table``)."""
     tables.print_table(console, headers, rows)
 
 
 def print_summary(result: Result, title: str) -> None:
+    """The pooled-versus-fixed table, then the headline, notes, checks, goals, classes and
+    (with ``--tuner``) the tuner's proposals."""
     tables.print_table(
         console,
         ("", "pooled", "fixed topology"),
@@ -140,14 +152,14 @@ def print_tuner(result: Result) -> None:
         console.print(f"why ({markdown.clock(p.proposed_at_s)}, {p.rule}): {p.why}", markup=False)
 
 
-def output_files(
-    *, json_out: Path | None, plots: Path | None, markdown_out: Path | None, prefixes: list[str]
-) -> list[Path]:
+def output_files(outputs: OutputPaths, prefixes: list[str]) -> list[Path]:
     """Every file a run writes: the JSON, the markdown and each plot."""
-    named = [p for p in (json_out, markdown_out) if p is not None]
-    if plots is None:
+    named = [p for p in (outputs.json_out, outputs.markdown_out) if p is not None]
+    if outputs.plots is None:
         return named
-    return named + [plots / f"{prefix}{name}" for prefix in prefixes for name in output.PLOTS]
+    return named + [
+        outputs.plots / f"{prefix}{name}" for prefix in prefixes for name in output.PLOTS
+    ]
 
 
 def check_outputs(outputs: list[Path], inputs: list[Path]) -> None:
@@ -166,216 +178,136 @@ def write_set(files: dict[Path, bytes], inputs: Sequence[Path]) -> None:
         raise UsageProblem(str(exc)) from None
 
 
-def write_outputs(
-    result: Result,
-    *,
-    json_out: Path | None,
-    plots: Path | None,
-    markdown_out: Path | None,
-    inputs: Sequence[Path] = (),
-) -> list[str]:
+def write_outputs(result: Result, outputs: OutputPaths, inputs: Sequence[Path] = ()) -> list[str]:
     """Write the JSON, plots and report as one set; return the plots' paths."""
     files: dict[Path, bytes] = {}
-    if plots is not None:
-        files |= {plots / name: data for name, data in output.plots(result).items()}
+    if outputs.plots is not None:
+        files |= {outputs.plots / name: data for name, data in output.plots(result).items()}
     written = list(files)
-    if json_out is not None:
-        files[json_out] = output.json_bytes(result)
-    if markdown_out is not None:
-        links = output.relative(written, markdown_out)
-        files[markdown_out] = markdown.report(result, plots=links).encode("utf-8")
+    if outputs.json_out is not None:
+        files[outputs.json_out] = output.json_bytes(result)
+    if outputs.markdown_out is not None:
+        links = output.relative(written, outputs.markdown_out)
+        files[outputs.markdown_out] = markdown.report(result, plots=links).encode("utf-8")
     write_set(files, inputs)
     return [str(p) for p in written]
 
 
 def whatif(
-    policy_file: Annotated[
-        Path | None,
-        typer.Option("--policy", help="Policy file (default: ./policy/pool.yaml)."),
-    ] = None,
+    policy_file: PolicyOption = None,
     example: ExampleOption = False,
-    base: Annotated[
-        str | None, typer.Option(help="Git ref of the policy before the change.")
-    ] = None,
-    head: Annotated[
-        str | None, typer.Option(help="Git ref of the policy after the change.")
-    ] = None,
-    repo: Annotated[Path, typer.Option(help="Policy repository for --base/--head.")] = Path("."),
-    policy_path: Annotated[
-        str, typer.Option(help="Policy file inside the repository.")
-    ] = "policy/pool.yaml",
+    base: BaseOption = None,
+    head: HeadOption = None,
+    repo: RepoOption = Path("."),
+    policy_path: PolicyPathOption = "policy/pool.yaml",
     prod_trace: ProdTraceOption = None,
-    flex_trace: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="[WORKLOAD=]FILE[:CLASS] flex requests (Azure CSV or Mooncake JSONL; "
-            "'azure-code' and 'mooncake' name the bundled ones); repeatable. CLASS: a traffic "
-            "class of the policy's serving section (default: its first class served by flex). "
-            "Default: both bundled traces."
-        ),
-    ] = None,
-    backlog: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="[WORKLOAD=]FILE[:CLASS] batch work always available (lengths from FILE); "
-            "CLASS: a traffic class served by flex."
-        ),
-    ] = None,
-    rate_scale: Annotated[
-        float, typer.Option(min=0.001, help="Multiply flex arrival rates.")
-    ] = 1.0,
-    hours: Annotated[
-        float | None, typer.Option(min=0.01, max=24 * 14, help="Replay length (default: trace).")
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the generated production trace.")] = 0,
-    layout: Annotated[
-        str,
-        typer.Option(
-            help="policy: the pools as declared; trace: resizes the hardware to the trace "
-            "(production's peak plus the flex pool), said in the report's assumptions."
-        ),
-    ] = "policy",
-    fit_production: Annotated[
-        bool, typer.Option(help="Scale a production trace larger than the cluster to fit it.")
-    ] = False,
-    production_rule: Annotated[
-        str,
-        typer.Option(
-            help="policy: the policy's production workloads (duty without them); "
-            "duty: one-GPU replicas follow busy GPU-equivalents; held: the trace's GPUs."
-        ),
-    ] = "policy",
-    prod_target_utilization: Annotated[
-        float,
-        typer.Option(
-            min=0.05, max=1.0, help="Duty rule and scale_on: external: target duty per replica."
-        ),
-    ] = 0.6,
-    startup_s: Annotated[
-        float, typer.Option(min=0, help="Pod start-up: image pull + model load, seconds.")
-    ] = 300.0,
-    target: Annotated[str, typer.Option(help="Node-pool target: labels or karpenter.")] = "labels",
-    hpa_tolerance: Annotated[
-        str,
-        typer.Option(help="Flex HPA tolerance: cluster (controller flag) or behavior (per-HPA 0)."),
-    ] = "cluster",
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the result as JSON.")
-    ] = None,
-    plots: Annotated[Path | None, typer.Option(help="Folder for the PNG plots.")] = None,
-    markdown_out: Annotated[
-        Path | None, typer.Option("--markdown", help="Write the report (or PR comment) here.")
-    ] = None,
-    tuner: Annotated[
-        bool,
-        typer.Option(
-            "--tuner",
-            help="Run the tuner's decisions in the pooled loop every tuner interval and merge "
-            "its proposals after --review-delay.",
-        ),
-    ] = False,
-    tuner_settings: Annotated[
-        Path | None,
-        typer.Option(help="The tuner's settings file (as gpupool tune --settings)."),
-    ] = None,
-    review_delay: Annotated[
-        str | None,
-        typer.Option(help="From a proposal to its merge, e.g. 30m (default: one tuner interval)."),
-    ] = None,
+    flex_trace: FlexTraceOption = None,
+    backlog: BacklogOption = None,
+    rate_scale: RateScaleOption = 1.0,
+    hours: HoursOption = None,
+    seed: SeedOption = 0,
+    layout: LayoutOption = "policy",
+    fit_production: FitProductionOption = False,
+    production_rule: ProductionRuleOption = "policy",
+    prod_target_utilization: ProdTargetUtilizationOption = 0.6,
+    startup_s: StartupOption = 300.0,
+    target: TargetOption = "labels",
+    hpa_tolerance: HpaToleranceOption = "cluster",
+    json_out: JsonOption = None,
+    plots: PlotsOption = None,
+    markdown_out: MarkdownOption = None,
+    tuner: TunerOption = False,
+    tuner_settings: TunerSettingsOption = None,
+    review_delay: ReviewDelayOption = None,
 ) -> None:
     """Replay production and flex traces through the closed loop; compare with fixed GPUs."""
+    source = PolicySource(policy_file, example, base, head, repo, policy_path)
+    outputs = OutputPaths(json_out, plots, markdown_out)
     with reported_errors(), _domain_errors():
-        options = Options(
-            prod_trace,
-            tuple(flex_trace or ()),
-            tuple(backlog or ()),
-            rate_scale,
-            hours,
-            seed,
-            _choice("--layout", layout, ("policy", "trace")),  # type: ignore[arg-type]
-            fit_production,
-            _choice("--production-rule", production_rule, ("policy", "duty", "held")),  # type: ignore[arg-type]
-            prod_target_utilization,
-            startup_s,
-            _choice("--target", target, ("labels", "karpenter")),  # type: ignore[arg-type]
-            _choice("--hpa-tolerance", hpa_tolerance, HPA_TOLERANCES),  # type: ignore[arg-type]
+        options = replay_options(
+            prod_trace=prod_trace,
+            flex_trace=flex_trace,
+            backlog=backlog,
+            rate_scale=rate_scale,
+            hours=hours,
+            seed=seed,
+            layout=layout,
+            fit_production=fit_production,
+            production_rule=production_rule,
+            prod_target_utilization=prod_target_utilization,
+            startup_s=startup_s,
+            target=target,
+            hpa_tolerance=hpa_tolerance,
             tuner=tuner,
-            tuner_settings=None if tuner_settings is None else str(tuner_settings),
+            tuner_settings=tuner_settings,
             review_delay=review_delay,
         )
-        if (base is None) != (head is None):
-            raise UsageProblem("--base and --head go together")
-        if base is not None and head is not None:
-            if policy_file is not None or example:
-                raise UsageProblem("use either --policy (or --example) or --base/--head")
-            _compare(repo, policy_path, base, head, options, json_out, plots, markdown_out)
+        refs = source.refs()
+        if refs is not None:
+            _compare(source, refs, options, outputs)
             return
-        file = resolve_policy_file(policy_file, example=example)
-        inputs = input_files(file, load_policy(file)) + replay_options.input_files(options)
-        outs = output_files(
-            json_out=json_out, plots=plots, markdown_out=markdown_out, prefixes=[""]
-        )
-        check_outputs(outs, inputs)
-        result = replay(file, options, str(file))
-        names = write_outputs(
-            result, json_out=json_out, plots=plots, markdown_out=markdown_out, inputs=inputs
-        )
+        file, result, names = _replay_file(source, options, outputs)
     print_summary(result, f"What-if: {file}, {result.pooled.hours:g} h")
     for name in names:
         console.print(f"plot: {name}", markup=False)
 
 
+def _replay_file(
+    source: PolicySource, options: Options, outputs: OutputPaths
+) -> tuple[Path, Result, list[str]]:
+    """One policy file's replay, its outputs checked before and written after; the file, the
+    result and the plots' paths."""
+    file = resolve_policy_file(source.file, example=source.example)
+    inputs = input_files(file, load_policy(file)) + replay_inputs(options)
+    check_outputs(output_files(outputs, prefixes=[""]), inputs)
+    result = replay(file, options, str(file))
+    return file, result, write_outputs(result, outputs, inputs)
+
+
 def _compare(
-    repo: Path,
-    policy_path: str,
-    base: str,
-    head: str,
-    options: Options,
-    json_out: Path | None,
-    plots: Path | None,
-    markdown_out: Path | None,
+    source: PolicySource, refs: tuple[str, str], options: Options, outputs: OutputPaths
 ) -> None:
-    inputs = replay_options.input_files(options)
-    check_outputs(
-        output_files(
-            json_out=json_out, plots=plots, markdown_out=markdown_out, prefixes=["head-", "base-"]
-        ),
-        inputs,
-    )
+    """Replay the policy at both refs, write the comparison (the PR comment) and print both."""
+    base, head = refs
+    inputs = replay_inputs(options)
+    check_outputs(output_files(outputs, prefixes=["head-", "base-"]), inputs)
     with tempfile.TemporaryDirectory(prefix="gpupool-whatif-") as tmp:
         results = {}
         for name, ref in (("base", base), ("head", head)):
-            file = policy_at(repo, ref, policy_path, Path(tmp) / name)
+            file = policy_at(source.repo, ref, source.policy_path, Path(tmp) / name)
             results[name] = replay(file, options, f"{name} {ref}")
-    files: dict[Path, bytes] = {}
-    if plots is not None:
-        for prefix in ("head-", "base-"):
-            images = output.plots(results[prefix[:-1]], prefix=prefix)
-            files |= {plots / name: data for name, data in images.items()}
-    written = [p for p in files if p.name.startswith("head-")]
-    # named from the comment's folder, as the CI artifact holds them
-    names = (
-        [str(p) for p in written]
-        if markdown_out is None
-        else output.relative(written, markdown_out)
-    )
-    text = markdown.comparison(
-        results["base"], results["head"], base_ref=base, head_ref=head, plots=names
-    )
-    if json_out is not None:
-        both = {k: output.as_json(v) for k, v in results.items()}
-        files[json_out] = json.dumps(both, indent=1, sort_keys=True).encode("utf-8")
-    if markdown_out is not None:
-        files[markdown_out] = text.encode("utf-8")
-    write_set(files, inputs)
+    write_set(_comparison_files(results, refs, outputs), inputs)
     print_summary(results["base"], f"base {base}")
     print_summary(results["head"], f"head {head}")
 
 
-def _choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise UsageProblem(f"{option} must be one of {', '.join(allowed)}, not {value!r}")
-    return value
+def _comparison_files(
+    results: dict[str, Result], refs: tuple[str, str], outputs: OutputPaths
+) -> dict[Path, bytes]:
+    """Both refs' plots (``base-``, ``head-``), both results as JSON and the comparison's
+    markdown, which links the head's plots."""
+    base, head = refs
+    files: dict[Path, bytes] = {}
+    if outputs.plots is not None:
+        for prefix in ("head-", "base-"):
+            images = output.plots(results[prefix[:-1]], prefix=prefix)
+            files |= {outputs.plots / name: data for name, data in images.items()}
+    written = [p for p in files if p.name.startswith("head-")]
+    # named from the comment's folder, as the CI artifact holds them
+    names = (
+        [str(p) for p in written]
+        if outputs.markdown_out is None
+        else output.relative(written, outputs.markdown_out)
+    )
+    text = markdown.comparison(
+        results["base"], results["head"], base_ref=base, head_ref=head, plots=names
+    )
+    if outputs.json_out is not None:
+        both = {k: output.as_json(v) for k, v in results.items()}
+        files[outputs.json_out] = json.dumps(both, indent=1, sort_keys=True).encode("utf-8")
+    if outputs.markdown_out is not None:
+        files[outputs.markdown_out] = text.encode("utf-8")
+    return files
 
 
 @contextmanager
@@ -391,11 +323,11 @@ def replay_demo(out: Path, policy_file: Path) -> None:
     """The demo's replay of ``policy_file`` on the bundled traces; report, plots and JSON
     under ``out``."""
     with reported_errors(), _domain_errors():
-        paths = {"json_out": out / "whatif.json", "plots": out, "markdown_out": out / "report.md"}
+        outputs = OutputPaths(out / "whatif.json", out, out / "report.md")
         inputs = input_files(policy_file, load_policy(policy_file))
-        check_outputs(output_files(**paths, prefixes=[""]), inputs)
+        check_outputs(output_files(outputs, prefixes=[""]), inputs)
         result = replay(policy_file, DEMO, "the bundled traces")
-        names = write_outputs(result, **paths, inputs=inputs)
+        names = write_outputs(result, outputs, inputs)
     print_summary(result, f"What-if on the bundled traces, {result.pooled.hours:g} h")
     console.print(f"{out}: report.md, whatif.json, {len(names)} plots", markup=False)
 

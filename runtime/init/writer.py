@@ -217,16 +217,31 @@ def _owner(value: str | None, placeholder: str, indent: str, what: str) -> tuple
 
 def render(answers: Answers, tensor_parallel: int, max_model_len: int, backend: str | None) -> str:
     """The policy text for ``answers`` with the flex workload at ``tensor_parallel``."""
-    a = answers
+    lines = [
+        f"# gpupool policy of {answers.cluster_name}, written by `gpupool init` "
+        "(docs/quickstart.md).",
+        "# Yours to edit; fields not written keep their documented defaults (docs/policy.md).",
+        "",
+        *_cluster_lines(answers),
+        "",
+        *_node_pool_lines(answers),
+        "",
+        *_alerting_lines(answers),
+        "",
+        *_tuner_lines(answers),
+        "",
+        *_workload_lines(answers, tensor_parallel, max_model_len, backend),
+        *_production_lines(answers),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _cluster_lines(a: Answers) -> list[str]:
+    """The cluster's name and the runtime image (a TODO placeholder when not given)."""
     image, image_todo = _owner(
         a.runtime_image, PLACEHOLDER_IMAGE, "  ", "your build of infra/images/runtime.Dockerfile"
     )
-    hook, hook_todo = _owner(a.alert_webhook, PLACEHOLDER_WEBHOOK, "        ", "your receiver")
-    repo, repo_todo = _owner(a.repo_url, PLACEHOLDER_REPO, "  ", "this repository's git URL")
-    lines = [
-        f"# gpupool policy of {a.cluster_name}, written by `gpupool init` (docs/quickstart.md).",
-        "# Yours to edit; fields not written keep their documented defaults (docs/policy.md).",
-        "",
+    return [
         "cluster:",
         _c(f"  name: {a.cluster_name}", "a label on every alert"),
         *image_todo,
@@ -234,7 +249,12 @@ def render(answers: Answers, tensor_parallel: int, max_model_len: int, backend: 
             f"  runtime_image: {_scalar(image)}",
             "" if image_todo else "the tuner's, sidecars' image",
         ),
-        "",
+    ]
+
+
+def _node_pool_lines(a: Answers) -> list[str]:
+    """Both pools; the prod pool's reserve, and its lending when flex may borrow."""
+    lines = [
         "node_pools:",
         _c(f"  - name: {PROD_POOL}", "guaranteed: production keeps these GPUs"),
         *_pool_lines(a.prod, "prod"),
@@ -248,10 +268,17 @@ def render(answers: Answers, tensor_parallel: int, max_model_len: int, backend: 
         )
     if a.lend_idle:
         lines.append(_c("    lend_idle: true", "flex borrows idle GPUs; production preempts"))
-    lines += [
+    return [
+        *lines,
         _c(f"  - name: {FLEX_POOL}", "elastic: idle-time inference, evicted first"),
         *_pool_lines(a.flex, "flex"),
-        "",
+    ]
+
+
+def _alerting_lines(a: Answers) -> list[str]:
+    """One webhook receiver for every alert (a TODO placeholder when not given)."""
+    hook, hook_todo = _owner(a.alert_webhook, PLACEHOLDER_WEBHOOK, "        ", "your receiver")
+    return [
         "alerting:",
         "  routing:",
         "    receivers:",
@@ -261,11 +288,24 @@ def render(answers: Answers, tensor_parallel: int, max_model_len: int, backend: 
         f"        url: {_url(hook)}",
         _c("    by_severity: {}", "every alert to default_receiver"),
         "    default_receiver: platform",
-        "",
+    ]
+
+
+def _tuner_lines(a: Answers) -> list[str]:
+    """The repository the tuner clones (a TODO placeholder when not given)."""
+    repo, repo_todo = _owner(a.repo_url, PLACEHOLDER_REPO, "  ", "this repository's git URL")
+    return [
         "tuner:",
         *repo_todo,
         _c(f"  policy_repo_url: {_url(repo)}", "the tuner clones it" if not repo_todo else ""),
-        "",
+    ]
+
+
+def _workload_lines(
+    a: Answers, tensor_parallel: int, max_model_len: int, backend: str | None
+) -> list[str]:
+    """The one flex workload: the model, its config, GPUs per replica and context."""
+    lines = [
         _c("workloads:", "flex vLLM on idle GPUs (docs/vllm.md)"),
         f"  - name: {workload_name(a.model.hf_id)}",
         _c(f"    model: {_scalar(a.model.hf_id)}", a.model.licence or ""),
@@ -280,21 +320,28 @@ def render(answers: Answers, tensor_parallel: int, max_model_len: int, backend: 
         lines.append(_c(f"    attention_backend: {backend}", "MLA before Hopper"))
     if a.model.gated:
         lines.append(_c("    # hf_token_secret: hf-token", "gated: a Secret with your HF token"))
-    if a.production:
-        lines += ["", _c("production:", "your workloads, by reference (docs/policy.md)")]
-        for p in a.production:
-            most = max(1, a.prod.gpus // len(a.production) // p.gpus_per_replica)
-            lines += [
-                f"  - namespace: {_scalar(p.namespace)}",
-                f"    name: {_scalar(p.name)}",
-                f"    gpus_per_replica: {p.gpus_per_replica}",
-                f"    min_replicas: {min(2, most)}",
-                _c(f"    max_replicas: {most}", f"what {PROD_POOL} holds"),
-                _c(f"    scale_on: {a.production_scaling}", SCALING_NOTES[a.production_scaling]),
-            ]
-            if a.production_scaling == "gpu_utilization":
-                lines.append(_c("    target_gpu_utilization: 0.6", "the pods' mean GPU duty"))
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _production_lines(a: Answers) -> list[str]:
+    """The production workloads by reference, each sized to its share of the prod pool;
+    nothing without any."""
+    if not a.production:
+        return []
+    lines = ["", _c("production:", "your workloads, by reference (docs/policy.md)")]
+    for p in a.production:
+        most = max(1, a.prod.gpus // len(a.production) // p.gpus_per_replica)
+        lines += [
+            f"  - namespace: {_scalar(p.namespace)}",
+            f"    name: {_scalar(p.name)}",
+            f"    gpus_per_replica: {p.gpus_per_replica}",
+            f"    min_replicas: {min(2, most)}",
+            _c(f"    max_replicas: {most}", f"what {PROD_POOL} holds"),
+            _c(f"    scale_on: {a.production_scaling}", SCALING_NOTES[a.production_scaling]),
+        ]
+        if a.production_scaling == "gpu_utilization":
+            lines.append(_c("    target_gpu_utilization: 0.6", "the pods' mean GPU duty"))
+    return lines
 
 
 def _pool_lines(pool: Pool, role: str) -> list[str]:

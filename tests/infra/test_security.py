@@ -24,7 +24,7 @@ from infra.render import render_documents
 from policy import PolicyError, PoolPolicy, load_policy
 from policy.loader import policy_warnings
 from runtime.cli.app import app
-from runtime.cli.tuner_commands import optional_secret
+from runtime.cli.secret_files import optional_secret
 from tests.infra.policies import edited, explicit_args, policy_with, two_workloads
 from tests.infra.test_cli import write_policy
 

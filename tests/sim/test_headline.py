@@ -20,6 +20,7 @@ from rich.console import Console
 
 from policy import DEFAULT_POLICY, PoolPolicy, load_policy
 from runtime.cli import whatif_commands
+from runtime.cli.whatif_options import OutputPaths
 from runtime.sim import markdown, output
 from runtime.sim.cluster import Waiting
 from runtime.sim.engine import Layout, Replay, Series
@@ -399,7 +400,7 @@ def test_plots_are_written_and_linked_from_the_reports_folder(
     monkeypatch.chdir(elsewhere)
     report = tmp_path / "out" / "report.md"
     names = whatif_commands.write_outputs(
-        doubled, json_out=None, plots=tmp_path / "out" / "img", markdown_out=report
+        doubled, OutputPaths(plots=tmp_path / "out" / "img", markdown_out=report)
     )
     assert [Path(n).name for n in names] == list(output.PLOTS)
     assert output.PLOTS[:2] == ("gpus_held.png", "duty_cycle.png")

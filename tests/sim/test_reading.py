@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from policy import PoolPolicy, load_policy
 from runtime.cli import infra_commands, tables, whatif_commands
 from runtime.cli.app import app
+from runtime.cli.whatif_options import OutputPaths
 from runtime.sim import markdown
 from runtime.sim.whatif import Result
 from tests.sim.test_headline import HOUR, _flat, _ints, _replay, _result
@@ -188,7 +189,7 @@ def test_the_evictions_plot_counts_the_tables_evictions(
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
     whatif_commands.write_outputs(
-        result, json_out=None, plots=tmp_path / "plots", markdown_out=tmp_path / "r.md"
+        result, OutputPaths(plots=tmp_path / "plots", markdown_out=tmp_path / "r.md")
     )
     (title,) = [t for t in plotted if t.startswith("Flex evictions")]
     assert sum(plotted[title]) == result.pooled.evictions_total == 6
