@@ -17,10 +17,11 @@ from policy.base import (
 from policy.disruption import Disruption
 from policy.elastic import Autoscaling, ElasticThresholds
 from policy.images import ImageReference
+from policy.karpenter import karpenter_seconds
 from policy.kvcache import KvCache
 from policy.metrics import MetricSources
 from policy.network import Network
-from policy.nodepools import NodePool, PoolReserve, karpenter_seconds
+from policy.nodepools import NodePool, PoolReserve
 from policy.priorities import Priorities
 from policy.production import ProductionWorkload
 from policy.serving import Serving, check_serving
