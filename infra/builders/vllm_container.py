@@ -17,48 +17,37 @@ CACHE_MOUNT_PATH = "/var/lib/gpupool/cache"
 """Writable ``HOME`` of the vLLM container: compiler and kernel caches (torch.compile, Triton,
 FlashInfer), per pod. The root filesystem is read-only."""
 
-
 CACHE_SIZE_LIMIT = "16Gi"
 """``sizeLimit`` of that ``emptyDir``: compile caches are hundreds of MB; a runaway writer is
 evicted instead of filling the node's disk."""
 
-
 MODEL_CACHE_PATH = "/var/lib/gpupool/models"
 """Mount point of the model cache (``workloads[].model_cache``); ``HF_HOME`` is below it."""
 
-
 TMP_SIZE_LIMIT = "4Gi"
 """``sizeLimit`` of the vLLM container's ``/tmp`` (an ``emptyDir``, the root is read-only)."""
-
 
 HF_TOKEN_DIR = "/etc/gpupool/hf-token"
 """Where ``hf_token_secret`` is mounted; ``HF_TOKEN_PATH`` names its ``token`` file
 (huggingface_hub reads the token from that file when ``HF_TOKEN`` is unset)."""
 
-
 HF_TOKEN_KEY = "token"
 """Key of the Hugging Face token inside ``hf_token_secret``."""
-
 
 VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 """Entry point of the OpenAI-compatible server; the args come from ``runtime.vllm``."""
 
-
 HEALTH_PATH = "/health"
 """vLLM's health endpoint: 200 once the engine serves, 5xx when the engine died."""
-
 
 HTTP_PORT = "http"
 """Name of the vLLM container port (OpenAI API, ``/health``, ``/metrics``)."""
 
-
 DRAIN_VOLUME = "drain"
 """The ``emptyDir`` holding the drain marker (the root filesystem is read-only)."""
 
-
 DRAIN_DIR = "/var/run/gpupool/drain"
 """Where the vLLM container mounts it."""
-
 
 DRAIN_MARKER = f"{DRAIN_DIR}/draining"
 """Written by the preStop hook; while it exists the readiness probe fails, so the pod turns
@@ -67,10 +56,8 @@ SIGTERM. The kubelet also runs preStop before restarting a container whose liven
 failed, and an ``emptyDir`` outlives container restarts, so the postStart hook removes the
 marker: the kubelet starts probing only after postStart returned."""
 
-
 DRAIN_SIZE_LIMIT = "1Mi"
 """``sizeLimit`` of the marker's ``emptyDir`` (memory-backed: one empty file)."""
-
 
 HEALTH_CHECK_PY = (
     "import _socket as n,sys;a=sys.argv;c=n.socket(n.AF_INET,n.SOCK_STREAM);"
@@ -88,14 +75,11 @@ second on every flex pod, and importing ``urllib.request`` costs ~6x the interpr
 start in CPU, ``socket`` ~2x, ``_socket`` nearly nothing (bench/readiness_probe.py,
 docs/benchmarks.md)."""
 
-
 LIVENESS_PERIOD_S = 10
 """How often liveness is probed."""
 
-
 LIVENESS_FAILURES = 3
 """Failed liveness probes before the kubelet restarts a hung engine."""
-
 
 STARTUP_PERIOD_S = 10
 """Startup probe period; ``startup_timeout_s`` / this many failures are allowed."""

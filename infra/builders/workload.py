@@ -97,7 +97,7 @@ def flex_workload(
     target: Target = "labels",
 ) -> list[Manifest]:
     """Every object of one flex workload, in apply order; ``pod_labels`` join its pods to
-    the serving layer's pools (``infra.builders.serving.flex_pod_labels``); ``target`` is
+    the serving layer's pools (``infra.builders.serving_pools.flex_pod_labels``); ``target`` is
     the stack's node-pool target (``flex_node_affinity``)."""
     compaction = [compaction_service(policy, workload)] if workload.kv_compaction else []
     cache = [model_cache_claim(policy, workload)] if workload.model_cache.storage_class else []
