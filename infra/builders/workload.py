@@ -69,7 +69,6 @@ No NodePool can promise it, so Karpenter never provisions a node for a term requ
 while kube-scheduler places pods on the nodes that carry it: flex pods reach a lending
 pool's existing nodes only (``karpenter`` target, docs/design/lending.md)."""
 
-
 HpaTolerance = Literal["cluster", "behavior"]
 """Who sets the flex HPAs' tolerance (stack option ``gpupool:hpaTolerance``). ``cluster``: the
 controller's ``--horizontal-pod-autoscaler-tolerance`` (10 % by default; every budget step is
