@@ -26,7 +26,8 @@ from typing import Any
 
 from alerts.bundle import alert_names, all_groups
 from alerts.rules import TUNER_LABEL, Group
-from policy.alerting import (
+from policy.pool import PoolPolicy
+from policy.receivers import (
     EmailReceiver,
     OpsgenieReceiver,
     PagerDutyReceiver,
@@ -35,7 +36,6 @@ from policy.alerting import (
     SlackReceiver,
     WebhookReceiver,
 )
-from policy.pool import PoolPolicy
 
 
 def paired_alertnames(groups: list[Group]) -> list[str]:

@@ -75,7 +75,7 @@ SHED_CODE = "ResourceExhausted"
 (GIE and llm-d-router ``BuildErrResponse``)."""
 
 VLLM_CONTAINER = "vllm"
-"""Name of the vLLM container in a flex pod (``infra.builders.workload``): the scrape target
+"""Name of the vLLM container in a flex pod (``infra.builders.vllm_container``): the scrape target
 of its ``http`` port carries it as ``container``."""
 
 SHED_RATE = "gpupool:serving_shed_requests:rate"

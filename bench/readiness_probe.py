@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/readiness_probe.py [--probes 200]
 
-The probe (``infra.builders.workload.readiness_command``, as rendered) starts ``sh`` and
+The probe (``infra.builders.vllm_container.readiness_command``, as rendered) starts ``sh`` and
 ``python3 -I -S`` every ``disruption.readiness_period_s`` to ask vLLM's ``/health``. Here it
 runs against a local stdlib HTTP server answering ``/health`` with 200 (what it costs is the
 probe's processes, not vLLM's handler), ``--probes`` times in a row. CPU is the children's
@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infra.builders.workload import readiness_command
+from infra.builders.vllm_container import readiness_command
 from policy import DEFAULT_POLICY, load_policy
 
 URLLIB_CHECK = "import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=1)"

@@ -23,12 +23,9 @@ from infra.builders.production import production_autoscalers
 from infra.builders.rbac import service_accounts
 from infra.builders.runtime_components import tuner
 from infra.builders.scraping import flex_pod_monitor
-from infra.builders.serving import (
-    DEFAULT_SERVING,
-    ServingOptions,
-    flex_pod_labels,
-    serving_groups,
-)
+from infra.builders.serving import serving_groups
+from infra.builders.serving_options import DEFAULT_SERVING, ServingOptions
+from infra.builders.serving_pools import flex_pod_labels
 from infra.builders.workload import HpaTolerance, flex_workload
 from policy import PoolPolicy
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from infra.builders.meta import Manifest
 from infra.builders.nodepools import TARGETS, Target
-from infra.builders.serving import DEFAULT_SERVING, ServingOptions, serving_problems
+from infra.builders.serving_options import DEFAULT_SERVING, ServingOptions
+from infra.builders.serving_pools import serving_problems
 from infra.bundle import (
     INFERENCE_WORKLOAD,
     DuplicateObject,

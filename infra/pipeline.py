@@ -7,7 +7,7 @@ from pathlib import Path
 
 from infra.builders.meta import Manifest
 from infra.builders.nodepools import Target
-from infra.builders.serving import DEFAULT_SERVING, ServingOptions
+from infra.builders.serving_options import DEFAULT_SERVING, ServingOptions
 from infra.builders.workload import HpaTolerance
 from infra.bundle import build_bundle
 from infra.inputs import BundleInputs, load_inputs

@@ -15,7 +15,7 @@ import pulumi
 from pulumi_kubernetes.core.v1 import Service
 
 from infra.builders.nodepools import TARGETS, Target
-from infra.builders.serving import (
+from infra.builders.serving_options import (
     DEFAULT_SERVING,
     OBJECTIVE_APIS,
     SERVING_MODES,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from policy.alerting import WebhookReceiver
+from policy.receivers import WebhookReceiver
 
 if TYPE_CHECKING:
     from policy.pool import PoolPolicy

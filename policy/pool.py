@@ -17,10 +17,11 @@ from policy.base import (
 from policy.disruption import Disruption
 from policy.elastic import Autoscaling, ElasticThresholds
 from policy.images import ImageReference
+from policy.karpenter import karpenter_seconds
 from policy.kvcache import KvCache
 from policy.metrics import MetricSources
 from policy.network import Network
-from policy.nodepools import NodePool, PoolReserve, karpenter_seconds
+from policy.nodepools import NodePool, PoolReserve
 from policy.priorities import Priorities
 from policy.production import ProductionWorkload
 from policy.serving import Serving, check_serving
@@ -156,7 +157,20 @@ class PoolPolicy(StrictModel):
     @model_validator(mode="after")
     def _consistent(self) -> PoolPolicy:
         found = Invariants()
-        names = [p.name for p in self.node_pools]
+        self._check_roles(found)
+        self._check_pool_names(found)
+        for i, pool in enumerate(self.node_pools):
+            pool.check(f"node_pools.{i}", found)
+            self._check_node_pool(i, pool, found)
+        self._check_currencies(found)
+        self._check_names(found)
+        self._check_workloads(found)
+        self._check_production(found)
+        found.raise_if_any()
+        return self
+
+    def _check_roles(self, found: Invariants) -> None:
+        """Exactly one guaranteed pool, at least one elastic one."""
         roles = [p.role for p in self.node_pools]
         found.require(
             roles.count("prod") == 1,
@@ -166,15 +180,18 @@ class PoolPolicy(StrictModel):
         found.require(
             roles.count("flex") >= 1, "node_pools", "expected at least one pool with role flex"
         )
+
+    def _check_pool_names(self, found: Invariants) -> None:
+        """A pool name is the value of the pool label: two pools cannot share it."""
+        names = [p.name for p in self.node_pools]
         for i, name in enumerate(names):
             found.require(
                 name not in names[:i], f"node_pools.{i}.name", f"pool name {name!r} is repeated"
             )
-        for i, pool in enumerate(self.node_pools):
-            pool.check(f"node_pools.{i}", found)
-            self._check_node_pool(i, pool, found)
-        self._check_currencies(found)
-        self._check_names(found)
+
+    def _check_workloads(self, found: Invariants) -> None:
+        """Each flex workload against the pools, the disruption budget and the KV cache (the
+        rules of one workload reported together, in the order of the workloads)."""
         flex_names = {p.name for p in self.node_pools if p.role == "flex"}
         seen: set[str] = set()
         for i, w in enumerate(self.workloads):
@@ -187,62 +204,79 @@ class PoolPolicy(StrictModel):
                 f"workload {w.name!r} names pool {w.pool!r}, which is not a flex pool "
                 f"(flex pools: {sorted(flex_names)})",
             )
-            found.require(
-                self.disruption.pdb_min_available < w.min_replicas,
-                f"{at}.min_replicas",
-                f"workloads[{w.name}].min_replicas ({w.min_replicas}) <= "
-                f"disruption.pdb_min_available ({self.disruption.pdb_min_available}): at "
-                "min_replicas the PDB allows no eviction, so every node drain and Karpenter "
-                "disruption blocks (scheduler preemption honours PDBs only best-effort, so it "
-                f"does not protect flex either); expected pdb_min_available below "
-                f"{w.min_replicas}: lower it or raise min_replicas",
-            )
-            found.require(
-                not w.kv_compaction or self.kv_cache.kv_preservation == "off",
-                f"{at}.kv_compaction",
-                f"workload {w.name!r} turns kv_compaction on while kv_cache.kv_preservation is "
-                f"{self.kv_cache.kv_preservation!r}: vLLM's OffloadingConnector holds block ids "
-                "and the KV buffer, which compaction and shrink change under it (stale blocks "
-                "stored under correct prefix hashes); expected kv_compaction: false or "
-                "kv_preservation: off",
-            )
-            found.require(
-                self.kv_cache.kv_preservation != "filesystem"
-                or w.snapshot_volume.storage_class is not None,
-                f"{at}.snapshot_volume.storage_class",
-                f"kv_cache.kv_preservation: filesystem gives workload {w.name!r} a snapshot "
-                "PersistentVolumeClaim, which needs a StorageClass; expected "
-                "snapshot_volume.storage_class (`kubectl get storageclass`)",
-            )
-            found.require(
-                self.kv_cache.kv_preservation != "filesystem"
-                or w.max_replicas == 1
-                or w.snapshot_volume.access_mode == "ReadWriteMany",
-                f"{at}.snapshot_volume.access_mode",
-                f"workload {w.name!r} shares its snapshot volume ({w.snapshot_volume.access_mode}) "
-                f"among up to {w.max_replicas} replicas (auto: as many as the pools hold), "
-                "which land on several nodes: "
-                "ReadWriteOncePod admits one pod, ReadWriteOnce one node, so the others never "
-                "start (Multi-Attach error); expected ReadWriteMany (a storage class such as "
-                "NFS, CephFS, EFS, Filestore, Azure Files) or max_replicas: 1",
-            )
-            found.require(
-                not w.kv_compaction or w.port != self.kv_cache.compaction_sidecar_port,
-                f"{at}.port",
-                f"workload {w.name!r} serves vLLM on port {w.port}, the port of the KV "
-                "compaction sidecar in the same pod (kv_cache.compaction_sidecar_port); "
-                "expected a different port",
-            )
-            host = next((p for p in self.node_pools if p.name == w.pool), None)
-            found.require(
-                host is None or w.gpus_per_replica <= host.gpus_per_node,
-                f"{at}.gpus_per_replica",
-                f"workload {w.name!r} needs {w.gpus_per_replica} GPUs per replica but nodes of "
-                f"pool {w.pool!r} have {host.gpus_per_node if host else '?'}",
-            )
-        self._check_production(found)
-        found.raise_if_any()
-        return self
+            self._check_evictable(at, w, found)
+            self._check_compaction_preservation(at, w, found)
+            self._check_snapshot_volume(at, w, found)
+            self._check_sidecar_port(at, w, found)
+            self._check_replica_fits(at, w, found)
+
+    def _check_evictable(self, at: str, w: FlexWorkload, found: Invariants) -> None:
+        """At ``min_replicas`` the PDB must still allow one eviction, or drains block."""
+        found.require(
+            self.disruption.pdb_min_available < w.min_replicas,
+            f"{at}.min_replicas",
+            f"workloads[{w.name}].min_replicas ({w.min_replicas}) <= "
+            f"disruption.pdb_min_available ({self.disruption.pdb_min_available}): at "
+            "min_replicas the PDB allows no eviction, so every node drain and Karpenter "
+            "disruption blocks (scheduler preemption honours PDBs only best-effort, so it "
+            f"does not protect flex either); expected pdb_min_available below "
+            f"{w.min_replicas}: lower it or raise min_replicas",
+        )
+
+    def _check_compaction_preservation(self, at: str, w: FlexWorkload, found: Invariants) -> None:
+        """Compaction and the offloading connector both own block ids: one at a time."""
+        found.require(
+            not w.kv_compaction or self.kv_cache.kv_preservation == "off",
+            f"{at}.kv_compaction",
+            f"workload {w.name!r} turns kv_compaction on while kv_cache.kv_preservation is "
+            f"{self.kv_cache.kv_preservation!r}: vLLM's OffloadingConnector holds block ids "
+            "and the KV buffer, which compaction and shrink change under it (stale blocks "
+            "stored under correct prefix hashes); expected kv_compaction: false or "
+            "kv_preservation: off",
+        )
+
+    def _check_snapshot_volume(self, at: str, w: FlexWorkload, found: Invariants) -> None:
+        """The snapshot PVC that ``filesystem`` preservation renders can be bound by every
+        replica: it has a StorageClass, and an access mode several nodes may share."""
+        if self.kv_cache.kv_preservation != "filesystem":
+            return
+        found.require(
+            w.snapshot_volume.storage_class is not None,
+            f"{at}.snapshot_volume.storage_class",
+            f"kv_cache.kv_preservation: filesystem gives workload {w.name!r} a snapshot "
+            "PersistentVolumeClaim, which needs a StorageClass; expected "
+            "snapshot_volume.storage_class (`kubectl get storageclass`)",
+        )
+        found.require(
+            w.max_replicas == 1 or w.snapshot_volume.access_mode == "ReadWriteMany",
+            f"{at}.snapshot_volume.access_mode",
+            f"workload {w.name!r} shares its snapshot volume ({w.snapshot_volume.access_mode}) "
+            f"among up to {w.max_replicas} replicas (auto: as many as the pools hold), "
+            "which land on several nodes: "
+            "ReadWriteOncePod admits one pod, ReadWriteOnce one node, so the others never "
+            "start (Multi-Attach error); expected ReadWriteMany (a storage class such as "
+            "NFS, CephFS, EFS, Filestore, Azure Files) or max_replicas: 1",
+        )
+
+    def _check_sidecar_port(self, at: str, w: FlexWorkload, found: Invariants) -> None:
+        """vLLM and the compaction sidecar share the pod's network: distinct ports."""
+        found.require(
+            not w.kv_compaction or w.port != self.kv_cache.compaction_sidecar_port,
+            f"{at}.port",
+            f"workload {w.name!r} serves vLLM on port {w.port}, the port of the KV "
+            "compaction sidecar in the same pod (kv_cache.compaction_sidecar_port); "
+            "expected a different port",
+        )
+
+    def _check_replica_fits(self, at: str, w: FlexWorkload, found: Invariants) -> None:
+        """One replica's GPUs fit on one node of its pool."""
+        host = next((p for p in self.node_pools if p.name == w.pool), None)
+        found.require(
+            host is None or w.gpus_per_replica <= host.gpus_per_node,
+            f"{at}.gpus_per_replica",
+            f"workload {w.name!r} needs {w.gpus_per_replica} GPUs per replica but nodes of "
+            f"pool {w.pool!r} have {host.gpus_per_node if host else '?'}",
+        )
 
     def _check_node_pool(self, i: int, pool: NodePool, found: Invariants) -> None:
         """What a pool's node settings must agree with elsewhere in the policy."""
@@ -303,61 +337,95 @@ class PoolPolicy(StrictModel):
         """
         if sum(1 for p in self.node_pools if p.role == "prod") != 1:
             return  # reported above; the capacity rules need the one prod pool
-        prod = self.prod_pool
-        reserved_out = prod.gpu_capacity - self.reserve_of(prod).gpus(prod.gpu_capacity)
         self._check_reserves(found)
-        ceiling = prod.gpu_capacity + sum(p.gpu_capacity for p in self.flex_pools)
-        system = {self.cluster.flex_namespace, self.cluster.system_namespace}
         refs: set[tuple[str, str, str]] = set()
         hpa_names: dict[str, str] = {}
         floor = peak = 0
         for i, w in enumerate(self.production):
             at = f"production.{i}"
-            found.require(
-                w.namespace not in system,
-                f"{at}.namespace",
-                f"production workload {w.ref} is in gpupool's own namespace "
-                f"{w.namespace!r} (flex: {self.cluster.flex_namespace!r}, system: "
-                f"{self.cluster.system_namespace!r}); production lives in the owner's namespaces",
-            )
-            key = (w.namespace, w.kind, w.name or "{" + w.label_selector + "}")
-            found.require(key not in refs, f"{at}.name", f"production workload {w.ref} is repeated")
-            refs.add(key)
-            found.require(
-                w.gpus_per_replica <= prod.gpus_per_node,
-                f"{at}.gpus_per_replica",
-                f"production workload {w.ref} needs {w.gpus_per_replica} GPUs per replica but "
-                f"nodes of the prod pool {prod.name!r} have {prod.gpus_per_node}",
-            )
-            if w.renders_hpa and w.name is not None:
-                other = hpa_names.setdefault(w.name, w.namespace)
-                found.require(
-                    other == w.namespace,
-                    f"{at}.name",
-                    f"production HPAs in {other!r} and {w.namespace!r} are both named "
-                    f"{w.name!r}; the Pulumi program names them {w.name}-hpa in one component, "
-                    "so production workloads with scale_on: gpu_utilization need distinct names",
-                )
+            self._check_production_ref(at, w, refs, found)
+            self._check_production_fits(at, w, found)
+            self._check_hpa_name(at, w, hpa_names, found)
             # Each sum is reported once: at the workload that takes it over the limit.
             before, floor = floor, floor + w.min_replicas * w.gpus_per_replica
-            found.require(
-                floor <= reserved_out or before > reserved_out,
-                f"{at}.min_replicas",
-                f"production's floor reaches {floor} GPUs (sum of min_replicas x "
-                f"gpus_per_replica up to {w.ref}) but the prod pool {prod.name!r} has "
-                f"{reserved_out} outside its reserve ({prod.gpu_capacity} GPUs, reserve "
-                f"{self.reserve_of(prod).describe()}); lower min_replicas, raise max_nodes or "
-                "lower the reserve",
-            )
+            self._check_production_floor(at, w, before, floor, found)
             before, peak = peak, peak + w.max_replicas * w.gpus_per_replica
-            found.require(
-                peak <= ceiling or before > ceiling,
-                f"{at}.max_replicas",
-                f"production's ceiling reaches {peak} GPUs (sum of max_replicas x "
-                f"gpus_per_replica up to {w.ref}) but the prod and flex pools hold {ceiling}; "
-                "replicas beyond that could never be scheduled: lower max_replicas or raise "
-                "the pools' max_nodes",
-            )
+            self._check_production_ceiling(at, w, before, peak, found)
+
+    def _check_production_ref(
+        self, at: str, w: ProductionWorkload, refs: set[tuple[str, str, str]], found: Invariants
+    ) -> None:
+        """A production reference lies outside gpupool's namespaces and is given once
+        (``refs``: the references seen so far, this one added)."""
+        found.require(
+            w.namespace not in {self.cluster.flex_namespace, self.cluster.system_namespace},
+            f"{at}.namespace",
+            f"production workload {w.ref} is in gpupool's own namespace "
+            f"{w.namespace!r} (flex: {self.cluster.flex_namespace!r}, system: "
+            f"{self.cluster.system_namespace!r}); production lives in the owner's namespaces",
+        )
+        key = (w.namespace, w.kind, w.name or "{" + w.label_selector + "}")
+        found.require(key not in refs, f"{at}.name", f"production workload {w.ref} is repeated")
+        refs.add(key)
+
+    def _check_production_fits(self, at: str, w: ProductionWorkload, found: Invariants) -> None:
+        """One production replica's GPUs fit on one node of the prod pool."""
+        prod = self.prod_pool
+        found.require(
+            w.gpus_per_replica <= prod.gpus_per_node,
+            f"{at}.gpus_per_replica",
+            f"production workload {w.ref} needs {w.gpus_per_replica} GPUs per replica but "
+            f"nodes of the prod pool {prod.name!r} have {prod.gpus_per_node}",
+        )
+
+    def _check_hpa_name(
+        self, at: str, w: ProductionWorkload, hpa_names: dict[str, str], found: Invariants
+    ) -> None:
+        """Rendered production HPAs have distinct names (``hpa_names``: name -> namespace of
+        the first one seen)."""
+        if not w.renders_hpa or w.name is None:
+            return
+        other = hpa_names.setdefault(w.name, w.namespace)
+        found.require(
+            other == w.namespace,
+            f"{at}.name",
+            f"production HPAs in {other!r} and {w.namespace!r} are both named "
+            f"{w.name!r}; the Pulumi program names them {w.name}-hpa in one component, "
+            "so production workloads with scale_on: gpu_utilization need distinct names",
+        )
+
+    def _check_production_floor(
+        self, at: str, w: ProductionWorkload, before: int, floor: int, found: Invariants
+    ) -> None:
+        """The floor up to ``w`` (``before`` without it) fits the prod pool outside its
+        reserve; reported at the workload that crosses the limit."""
+        prod = self.prod_pool
+        reserve = self.reserve_of(prod)
+        reserved_out = prod.gpu_capacity - reserve.gpus(prod.gpu_capacity)
+        found.require(
+            floor <= reserved_out or before > reserved_out,
+            f"{at}.min_replicas",
+            f"production's floor reaches {floor} GPUs (sum of min_replicas x "
+            f"gpus_per_replica up to {w.ref}) but the prod pool {prod.name!r} has "
+            f"{reserved_out} outside its reserve ({prod.gpu_capacity} GPUs, reserve "
+            f"{reserve.describe()}); lower min_replicas, raise max_nodes or "
+            "lower the reserve",
+        )
+
+    def _check_production_ceiling(
+        self, at: str, w: ProductionWorkload, before: int, peak: int, found: Invariants
+    ) -> None:
+        """The ceiling up to ``w`` (``before`` without it) fits the prod and flex pools;
+        reported at the workload that crosses the limit."""
+        ceiling = self.prod_pool.gpu_capacity + sum(p.gpu_capacity for p in self.flex_pools)
+        found.require(
+            peak <= ceiling or before > ceiling,
+            f"{at}.max_replicas",
+            f"production's ceiling reaches {peak} GPUs (sum of max_replicas x "
+            f"gpus_per_replica up to {w.ref}) but the prod and flex pools hold {ceiling}; "
+            "replicas beyond that could never be scheduled: lower max_replicas or raise "
+            "the pools' max_nodes",
+        )
 
     def _check_currencies(self, found: Invariants) -> None:
         """Every priced pool in one currency: reports add their values."""

@@ -98,30 +98,8 @@ class ProductionWorkload(StrictModel):
     @model_validator(mode="after")
     def _shape(self) -> ProductionWorkload:
         found = Invariants()
-        found.require(
-            (self.name is None) != (self.selector is None),
-            "name",
-            "give exactly one of name (one object) or selector (every "
-            f"{self.kind} with these labels in {self.namespace}), "
-            f"found {'both' if self.name is not None else 'neither'}",
-        )
-        if self.selector is not None:
-            found.require(
-                bool(self.selector),
-                "selector",
-                "an empty selector would match every object in the namespace; give labels",
-            )
-            for key, value in self.selector.items():
-                found.require(
-                    is_label_key(key),
-                    "selector",
-                    f"{key!r} is not a Kubernetes label key",
-                )
-                found.require(
-                    is_label_value(value),
-                    "selector",
-                    f"{value!r} (label {key!r}) is not a Kubernetes label value",
-                )
+        self._check_reference(found)
+        self._check_selector(found)
         found.require(
             self.min_replicas <= self.max_replicas,
             "min_replicas",
@@ -129,34 +107,74 @@ class ProductionWorkload(StrictModel):
             f"({self.max_replicas})",
         )
         if self.renders_hpa:
-            found.require(
-                self.name is not None,
-                "selector",
-                "scale_on: gpu_utilization renders an HPA, whose scaleTargetRef names one "
-                "object: use name, or scale_on: external with your own HPAs",
-            )
-            found.require(
-                self.target_gpu_utilization is not None,
-                "target_gpu_utilization",
-                "required with scale_on: gpu_utilization (the HPA's target mean GPU duty "
-                "cycle, e.g. 0.6)",
-            )
-            found.require(
-                self.scale_down_stabilization_s >= self.scale_up_stabilization_s,
-                "scale_down_stabilization_s",
-                f"scale_down_stabilization_s ({self.scale_down_stabilization_s}) must be at "
-                f"least scale_up_stabilization_s ({self.scale_up_stabilization_s}): "
-                "production should give GPUs back slower than it takes them",
-            )
+            self._check_hpa_settings(found)
         else:
-            # Compared with the default, not ``model_fields_set``: a dumped policy (the
-            # gpupool-policy ConfigMap) writes every field and must load back.
-            for field in HPA_ONLY_FIELDS:
-                found.require(
-                    getattr(self, field) == type(self).model_fields[field].default,
-                    field,
-                    f"only used with scale_on: gpu_utilization (gpupool renders no HPA for "
-                    f"scale_on: {self.scale_on}); remove it",
-                )
+            self._check_no_hpa_settings(found)
         found.raise_if_any()
         return self
+
+    def _check_reference(self, found: Invariants) -> None:
+        """The entry names one object or selects several, never both or neither."""
+        found.require(
+            (self.name is None) != (self.selector is None),
+            "name",
+            "give exactly one of name (one object) or selector (every "
+            f"{self.kind} with these labels in {self.namespace}), "
+            f"found {'both' if self.name is not None else 'neither'}",
+        )
+
+    def _check_selector(self, found: Invariants) -> None:
+        """A selector is non-empty (empty matches everything) and made of Kubernetes labels."""
+        if self.selector is None:
+            return
+        found.require(
+            bool(self.selector),
+            "selector",
+            "an empty selector would match every object in the namespace; give labels",
+        )
+        for key, value in self.selector.items():
+            found.require(
+                is_label_key(key),
+                "selector",
+                f"{key!r} is not a Kubernetes label key",
+            )
+            found.require(
+                is_label_value(value),
+                "selector",
+                f"{value!r} (label {key!r}) is not a Kubernetes label value",
+            )
+
+    def _check_hpa_settings(self, found: Invariants) -> None:
+        """What the HPA gpupool renders needs: one target object, a target, sane windows."""
+        found.require(
+            self.name is not None,
+            "selector",
+            "scale_on: gpu_utilization renders an HPA, whose scaleTargetRef names one "
+            "object: use name, or scale_on: external with your own HPAs",
+        )
+        found.require(
+            self.target_gpu_utilization is not None,
+            "target_gpu_utilization",
+            "required with scale_on: gpu_utilization (the HPA's target mean GPU duty "
+            "cycle, e.g. 0.6)",
+        )
+        found.require(
+            self.scale_down_stabilization_s >= self.scale_up_stabilization_s,
+            "scale_down_stabilization_s",
+            f"scale_down_stabilization_s ({self.scale_down_stabilization_s}) must be at "
+            f"least scale_up_stabilization_s ({self.scale_up_stabilization_s}): "
+            "production should give GPUs back slower than it takes them",
+        )
+
+    def _check_no_hpa_settings(self, found: Invariants) -> None:
+        """Without a rendered HPA its fields stay at their defaults (they would do nothing).
+
+        Compared with the default, not ``model_fields_set``: a dumped policy (the
+        gpupool-policy ConfigMap) writes every field and must load back."""
+        for field in HPA_ONLY_FIELDS:
+            found.require(
+                getattr(self, field) == type(self).model_fields[field].default,
+                field,
+                f"only used with scale_on: gpu_utilization (gpupool renders no HPA for "
+                f"scale_on: {self.scale_on}); remove it",
+            )

@@ -26,7 +26,8 @@ from infra.builders.meta import Manifest, metadata, selector_labels
 from infra.builders.rbac import TUNER_SERVICE_ACCOUNT
 from infra.builders.runtime_components import TUNER_OPS_PORT, TUNER_PORT
 from infra.builders.snapshot_gc import preserving
-from infra.builders.workload import COMPONENT, HTTP_PORT
+from infra.builders.vllm_container import HTTP_PORT
+from infra.builders.workload import COMPONENT
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
 

@@ -17,7 +17,8 @@ from typing import Literal
 
 from infra.builders.meta import RETAIN_ANNOTATIONS, Manifest, labels
 from policy import PoolPolicy
-from policy.nodepools import POOL_TAINT_EFFECT, NodePool, NodeRequirement
+from policy.karpenter import NodeRequirement
+from policy.nodepools import POOL_TAINT_EFFECT, NodePool
 
 Target = Literal["labels", "karpenter"]
 """How node pools are declared; chosen in stack config (``gpupool:target``), not in code."""

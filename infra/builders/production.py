@@ -34,6 +34,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from infra.builders.hpa import horizontal_pod_autoscaler, rate_limit, scaling_rule
 from infra.builders.meta import Manifest, metadata
 from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
 from infra.yaml_text import to_yaml
@@ -332,60 +333,30 @@ def autoscaler(policy: PoolPolicy, workload: ProductionWorkload) -> Manifest:
     """
     assert workload.name is not None and workload.target_gpu_utilization is not None
     milli = round(workload.target_gpu_utilization * 1000)
-    return {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": metadata(
-            workload.name, COMPONENT, namespace=workload.namespace, instance=workload.name
-        ),
-        "spec": {
-            "scaleTargetRef": {
-                "apiVersion": _WORKLOAD_APIS[workload.kind],
-                "kind": workload.kind,
-                "name": workload.name,
-            },
-            "minReplicas": workload.min_replicas,
-            "maxReplicas": workload.max_replicas,
-            "metrics": [
-                {
-                    "type": "Pods",
-                    "pods": {
-                        "metric": {"name": GPU_UTILIZATION_METRIC},
-                        "target": {"type": "AverageValue", "averageValue": f"{milli}m"},
-                    },
-                }
-            ],
-            "behavior": {
-                "scaleUp": {
-                    "stabilizationWindowSeconds": workload.scale_up_stabilization_s,
-                    "selectPolicy": "Max",
-                    "policies": [
-                        {
-                            "type": "Percent",
-                            "value": SCALE_UP_PERCENT,
-                            "periodSeconds": SCALE_UP_PERIOD_S,
-                        },
-                        {
-                            "type": "Pods",
-                            "value": SCALE_UP_PODS,
-                            "periodSeconds": SCALE_UP_PERIOD_S,
-                        },
-                    ],
-                },
-                "scaleDown": {
-                    "stabilizationWindowSeconds": workload.scale_down_stabilization_s,
-                    "selectPolicy": "Max",
-                    "policies": [
-                        {
-                            "type": "Pods",
-                            "value": SCALE_DOWN_PODS,
-                            "periodSeconds": SCALE_DOWN_PERIOD_S,
-                        }
-                    ],
-                },
-            },
+    duty_cycle = {
+        "type": "Pods",
+        "pods": {
+            "metric": {"name": GPU_UTILIZATION_METRIC},
+            "target": {"type": "AverageValue", "averageValue": f"{milli}m"},
         },
     }
+    up = [
+        rate_limit("Percent", SCALE_UP_PERCENT, SCALE_UP_PERIOD_S),
+        rate_limit("Pods", SCALE_UP_PODS, SCALE_UP_PERIOD_S),
+    ]
+    down = [rate_limit("Pods", SCALE_DOWN_PODS, SCALE_DOWN_PERIOD_S)]
+    return horizontal_pod_autoscaler(
+        metadata(workload.name, COMPONENT, namespace=workload.namespace, instance=workload.name),
+        {
+            "apiVersion": _WORKLOAD_APIS[workload.kind],
+            "kind": workload.kind,
+            "name": workload.name,
+        },
+        (workload.min_replicas, workload.max_replicas),
+        duty_cycle,
+        scaling_rule(workload.scale_up_stabilization_s, up, {}),
+        scaling_rule(workload.scale_down_stabilization_s, down, {}),
+    )
 
 
 def production_autoscalers(policy: PoolPolicy) -> list[Manifest]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from infra.builders.compaction_sidecar import METRICS_PORT
 from infra.builders.meta import PART_OF, Manifest, metadata
-from infra.builders.workload import COMPONENT, HTTP_PORT
+from infra.builders.vllm_container import HTTP_PORT
+from infra.builders.workload import COMPONENT
 from policy import PoolPolicy
 
 INSTANCE_META_LABEL = "__meta_kubernetes_pod_label_app_kubernetes_io_instance"

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from infra.builders.nodepools import Target
-from infra.builders.serving import (
+from infra.builders.serving_options import (
     DEFAULT_SERVING,
     ObjectiveApi,
     ServingMode,

@@ -3,17 +3,18 @@
 With a ``serving`` section every flex request trace (or backlog) belongs to a traffic class
 (``--flex-trace FILE:CLASS``; by default the first class the policy serves by flex, which the
 policy requires to be sheddable). The class's ``served_by`` tier decides which instances serve
-it, through the same pools gpupool renders (``infra.builders.serving.pools``): a flex class goes
-to the workload's fleet, a production class to the production instances of the workload's
-model (``serving.models[].production``), which lend it the GPU time production's own trace
-leaves idle.
+it, through the same pools gpupool renders (``infra.builders.serving_pools.pools``): a flex
+class goes to the workload's fleet, a production class to the production instances of the
+workload's model (``serving.models[].production``), which lend it the GPU time production's own
+trace leaves idle.
 
 In front of every pool the endpoint picker's saturation detector (the ``utilization-detector``
-plugin gpupool renders, with the thresholds of ``infra.builders.serving.endpoint_picker_config``)
-scores each ready instance ``max(waiting / queueDepthThreshold, KV usage /
-kvCacheUtilThreshold)``; the pool's saturation is their mean, 1.0 with no ready instance (fail
-closed), and at 1.0 or more a sheddable request (priority below 0) is refused: the client gets
-429/503 (GIE's legacy admission, flow control off). A non-sheddable request is never refused
+plugin gpupool renders, with the thresholds of
+``infra.builders.endpoint_picker.endpoint_picker_config``) scores each ready instance
+``max(waiting / queueDepthThreshold, KV usage / kvCacheUtilThreshold)``; the pool's
+saturation is their mean, 1.0 with no ready instance (fail closed), and at 1.0 or more a
+sheddable request (priority below 0) is refused: the client gets 429/503 (GIE's legacy
+admission, flow control off). A non-sheddable request is never refused
 for saturation: it queues. The replay reads the detector once per step (15 s) on the state the
 last step left, with the instances ready now (a pod being deleted has left the endpoints);
 the picker polls every 50 ms, so its metrics never count as stale here.
@@ -32,14 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from infra.builders.serving import (
-    DEFAULT_SERVING,
-    DETECTOR,
-    Pool,
-    endpoint_picker_config,
-    pools,
-    served_model,
-)
+from infra.builders.endpoint_picker import DETECTOR, endpoint_picker_config
+from infra.builders.serving_options import DEFAULT_SERVING
+from infra.builders.serving_pools import Pool, pools, served_model
 from policy.pool import PoolPolicy
 from policy.serving import Tier
 from policy.workloads import FlexWorkload

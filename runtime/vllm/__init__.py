@@ -5,8 +5,9 @@
 """
 
 from runtime.vllm.backends import BackendError, BlockRule, block_rule
+from runtime.vllm.kv_cache_plan import KvCachePlan, KvPlanError
 from runtime.vllm.model_spec import MlaDims, ModelConfigError, ModelSpec, load_model_spec
-from runtime.vllm.plan import KvCachePlan, KvPlanError, plan_kv_cache, render_args, serve_args
+from runtime.vllm.plan import plan_kv_cache, render_args, serve_args
 
 __all__ = [
     "BackendError",

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from infra.builders.meta import Manifest
-from infra.builders.workload import (
+from infra.builders.vllm_container import (
     DRAIN_MARKER,
     DRAIN_VOLUME,
     poststart_command,

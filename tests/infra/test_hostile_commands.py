@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from infra.builders.meta import Manifest
 from infra.builders.runtime_components import CLONE_SCRIPT, clone_container
-from infra.builders.serving import ServingOptions
-from infra.builders.workload import poststart_command, prestop_command, readiness_command
+from infra.builders.serving_options import ServingOptions
+from infra.builders.vllm_container import poststart_command, prestop_command, readiness_command
 from infra.bundle import build_bundle
 from infra.inputs import load_inputs
 from policy import PolicyError, PoolPolicy, parse_policy

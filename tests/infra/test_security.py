@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from infra.builders.meta import RETAIN_ANNOTATIONS, RETAINED_KINDS, Manifest
 from infra.builders.network import NAMESPACE_NAME_LABEL
 from infra.builders.runtime_components import token_secrets, tuner_command
-from infra.builders.workload import HF_TOKEN_DIR, MODEL_CACHE_PATH
+from infra.builders.vllm_container import HF_TOKEN_DIR, MODEL_CACHE_PATH
 from infra.bundle import build_bundle
 from infra.render import render_documents
 from policy import PolicyError, PoolPolicy, load_policy

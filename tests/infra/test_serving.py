@@ -13,18 +13,16 @@ import pytest
 from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
+from infra.builders.endpoint_picker import DETECTOR, endpoint_picker_config
 from infra.builders.meta import Manifest
-from infra.builders.serving import (
-    DETECTOR,
+from infra.builders.serving_options import (
     DISTRIBUTIONS,
-    MODEL_LABEL,
     OBJECTIVE_APIS,
     OBJECTIVE_HEADER,
     ObjectiveApi,
     ServingOptions,
-    ServingProblem,
-    endpoint_picker_config,
 )
+from infra.builders.serving_pools import MODEL_LABEL, ServingProblem
 from infra.bundle import build_bundle
 from policy import PoolPolicy, load_policy, parse_policy
 from policy.serving import ENGINE_METRICS

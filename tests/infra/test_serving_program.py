@@ -11,7 +11,7 @@ from typing import Any
 import pulumi
 import pytest
 
-from infra.builders.serving import OBJECTIVE_APIS, ObjectiveApi, ServingOptions
+from infra.builders.serving_options import OBJECTIVE_APIS, ObjectiveApi, ServingOptions
 from infra.bundle import SERVING, build_bundle, build_groups
 from infra.program import PROJECT_ROOT, declare_groups, read_settings
 from policy import load_policy

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.builders.meta import Manifest
-from infra.builders.serving import OBJECTIVE_APIS, OBJECTIVE_HEADER, ServingOptions
+from infra.builders.serving_options import OBJECTIVE_APIS, OBJECTIVE_HEADER, ServingOptions
 from infra.bundle import build_bundle
 from policy import PoolPolicy, parse_policy
 from policy.loader import PolicyError

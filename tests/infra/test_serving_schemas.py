@@ -21,7 +21,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.constructor import SafeConstructor
 
 from infra.builders.meta import Manifest
-from infra.builders.serving import OBJECTIVE_APIS, ObjectiveApi, ServingOptions
+from infra.builders.serving_options import OBJECTIVE_APIS, ObjectiveApi, ServingOptions
 from infra.bundle import build_bundle
 from policy import PoolPolicy, parse_policy
 from tests.infra.policies import edited, explicit_args

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from infra.builders.policy_config import policy_text, sidecar_policy
-from infra.builders.serving import ServingOptions
+from infra.builders.serving_options import ServingOptions
 from infra.inputs import load_inputs
 from policy import DEFAULT_POLICY, PolicyError, load_policy, parse_policy
 from policy.serving import EndpointPicker, Serving, ServingGateway, TrafficClass

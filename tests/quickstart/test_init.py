@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from policy import load_policy
-from policy.alerting import WebhookReceiver
+from policy.receivers import WebhookReceiver
 from runtime.cli import init_commands
 from runtime.cli.app import app
 from runtime.init.catalog import MODELS, find_gpu

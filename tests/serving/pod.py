@@ -1,6 +1,6 @@
 """The flex pod's shutdown commands, taken from the rendered Deployment and run outside Kubernetes.
 
-The tests run exactly the commands ``infra.builders.workload`` renders (postStart, readiness
+The tests run exactly the commands ``infra.builders.vllm_container`` renders (postStart, readiness
 probe, preStop) with one substitution: the drain ``emptyDir``, mounted in the pod at
 ``DRAIN_DIR``, is a temporary directory here, the way a volume mount maps a path.
 """
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.builders.meta import Manifest
-from infra.builders.workload import DRAIN_DIR, deployment
+from infra.builders.vllm_container import DRAIN_DIR
+from infra.builders.workload import deployment
 from policy import PoolPolicy
 from policy.workloads import FlexWorkload
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.builders.workload import DRAIN_MARKER
+from infra.builders.vllm_container import DRAIN_MARKER
 from policy import PoolPolicy
 from tests.harness.servers import free_port
 from tests.infra.policies import policy_with

@@ -11,9 +11,12 @@ import pytest
 from alerts.bundle import rule_files
 from alerts.rules import Rule
 from alerts.serving import ERRORS, POLL_ERRORS, REQUESTS, SHED_CODE, VLLM_CONTAINER
+from infra.builders.endpoint_picker import METRICS
 from infra.builders.meta import Manifest
 from infra.builders.scraping import POOL_TARGET_LABEL
-from infra.builders.serving import METRICS, RETRY_AFTER, ServingOptions, pools
+from infra.builders.serving import RETRY_AFTER
+from infra.builders.serving_options import ServingOptions
+from infra.builders.serving_pools import pools
 from infra.bundle import build_bundle
 from policy import PoolPolicy, parse_policy
 from tests.infra.policies import explicit_args

@@ -133,7 +133,8 @@ def test_vllm_starts_exactly_when_the_planned_bytes_are_free(
     from vllm.utils.mem_utils import MemorySnapshot
     from vllm.v1.worker.utils import request_memory
 
-    from runtime.vllm.plan import CUDA_CONTEXT_BYTES, UTILIZATION_GRAIN, render_args
+    from runtime.vllm.kv_cache_plan import CUDA_CONTEXT_BYTES, UTILIZATION_GRAIN
+    from runtime.vllm.plan import render_args
 
     plan = plan_kv_cache(policy, workload, model(name), tensor_parallel=tensor_parallel)
     parser = make_arg_parser(FlexibleArgumentParser())

@@ -70,6 +70,16 @@ class SnapshotGc:
     def __init__(self, root: Path, pod: str, registry: CollectorRegistry) -> None:
         self.root = root
         self.pod = pod
+        self._add_volume_metrics(registry)
+        self._add_deletion_metrics(registry)
+        self._add_pass_metrics(registry)
+        self._add_exit_metrics(registry)
+        registry.register(_TierStatusCollector(self))
+        self.last_walk: Budget | None = None
+        """What the last pass's walk left out (None before the first)."""
+
+    def _add_volume_metrics(self, registry: CollectorRegistry) -> None:
+        """What the volume holds: bytes used, the tier's capacity, live and stale tiers."""
         self.used = Gauge(
             "gpupool_kv_tier_used_bytes",
             "Bytes of files on the snapshot volume.",
@@ -86,6 +96,10 @@ class SnapshotGc:
             ["state"],
             registry=registry,
         )
+
+    def _add_deletion_metrics(self, registry: CollectorRegistry) -> None:
+        """What the GC deleted, by reason, and how recently the capacity pass's victims were
+        used (every reason exported from the start, at 0)."""
         self.deleted_files = Counter(
             "gpupool_kv_tier_deleted_files",
             "Files the snapshot GC deleted, by reason.",
@@ -107,6 +121,10 @@ class SnapshotGc:
             buckets=AGE_BUCKETS,
             registry=registry,
         )
+
+    def _add_pass_metrics(self, registry: CollectorRegistry) -> None:
+        """How the last pass went: its duration, errors, what it passed over, whether it
+        finished, and when it ran."""
         self.pass_seconds = Gauge(
             "gpupool_kv_tier_gc_seconds", "Duration of the last GC pass.", registry=registry
         )
@@ -129,6 +147,9 @@ class SnapshotGc:
             "Unix time of the last GC pass.",
             registry=registry,
         )
+
+    def _add_exit_metrics(self, registry: CollectorRegistry) -> None:
+        """How the replicas that stopped on this volume flushed (every label from the start)."""
         self.exits = Counter(
             "gpupool_kv_tier_replica_exits",
             "Replicas on this volume that stopped, by how their grace-period flush ended "
@@ -146,9 +167,6 @@ class SnapshotGc:
             self.exits.labels(state)
         for outcome in ("written", "failed", "dropped"):
             self.flushed.labels(outcome)
-        registry.register(_TierStatusCollector(self))
-        self.last_walk: Budget | None = None
-        """What the last pass's walk left out (None before the first)."""
 
     def run_once(self, settings: GcSettings, now: float | None = None) -> tuple[Plan, Applied]:
         """One pass: scan, plan, delete, count exited replicas; metrics updated. An entry

@@ -233,55 +233,82 @@ def serve_http(
 ) -> ThreadingHTTPServer:
     """Start the sidecar's HTTP server in a daemon thread (``GET /metrics``, ``POST /shrink``,
     ``POST /compaction-requests``); ``compaction_token`` is also accepted on the last."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path != "/metrics":
-                self._reply(404, b"not found\n")
-                return
-            self._reply(200, sidecar.exposition(), "text/plain; version=0.0.4")
-
-        def do_POST(self) -> None:
-            supplied = self.headers.get("Authorization", "").removeprefix("Bearer ").encode()
-            accepted = [token]
-            if self.path == "/compaction-requests" and compaction_token:
-                accepted.append(compaction_token)
-            if self.path not in ("/shrink", "/compaction-requests"):
-                self._reply(404, b"not found\n")
-            elif not any(hmac.compare_digest(supplied, t.encode()) for t in accepted):
-                self._reply(401, b"unauthorized\n")
-            elif self.path == "/compaction-requests":
-                self._compaction_request()
-            else:
-                try:
-                    num_blocks = int(json.loads(self._body())["num_blocks"])
-                except (ValueError, KeyError, TypeError):
-                    self._reply(400, b'expected JSON {"num_blocks": N}\n')
-                    return
-                sidecar.request_shrink(num_blocks)
-                self._reply(202, b"queued\n")
-
-        def _compaction_request(self) -> None:
-            try:
-                order = sidecar.request_compaction(self._body())
-            except RequestRejected as exc:
-                self._reply(exc.status, f"{exc}\n".encode())
-                return
-            self._reply(202, f"queued {order.id}\n".encode())
-
-        def _body(self) -> bytes:
-            return self.rfile.read(int(self.headers.get("Content-Length", "0")))
-
-        def _reply(self, code: int, body: bytes, kind: str = "text/plain") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _SidecarServer((host, port), sidecar, token, compaction_token)
     threading.Thread(target=server.serve_forever, name="gpupool-kv-http", daemon=True).start()
     return server
+
+
+class _SidecarServer(ThreadingHTTPServer):
+    """The HTTP server of one sidecar, holding what its handler answers with."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        sidecar: CompactionSidecar,
+        token: str,
+        compaction_token: str | None,
+    ) -> None:
+        self.sidecar = sidecar
+        self.token = token
+        self.compaction_token = compaction_token
+        super().__init__(address, _SidecarHandler)
+
+
+class _SidecarHandler(BaseHTTPRequestHandler):
+    """One request: metrics for Prometheus, shrink and compaction requests (bearer auth)."""
+
+    server: _SidecarServer
+
+    def do_GET(self) -> None:
+        if self.path != "/metrics":
+            self._reply(404, b"not found\n")
+            return
+        self._reply(200, self.server.sidecar.exposition(), "text/plain; version=0.0.4")
+
+    def do_POST(self) -> None:
+        if self.path not in ("/shrink", "/compaction-requests"):
+            self._reply(404, b"not found\n")
+        elif not self._authorized():
+            self._reply(401, b"unauthorized\n")
+        elif self.path == "/compaction-requests":
+            self._compaction_request()
+        else:
+            self._shrink_request()
+
+    def _authorized(self) -> bool:
+        """The bearer token is the sidecar's, or on compaction requests the shared one."""
+        supplied = self.headers.get("Authorization", "").removeprefix("Bearer ").encode()
+        accepted = [self.server.token]
+        if self.path == "/compaction-requests" and self.server.compaction_token:
+            accepted.append(self.server.compaction_token)
+        return any(hmac.compare_digest(supplied, t.encode()) for t in accepted)
+
+    def _shrink_request(self) -> None:
+        try:
+            num_blocks = int(json.loads(self._body())["num_blocks"])
+        except (ValueError, KeyError, TypeError):
+            self._reply(400, b'expected JSON {"num_blocks": N}\n')
+            return
+        self.server.sidecar.request_shrink(num_blocks)
+        self._reply(202, b"queued\n")
+
+    def _compaction_request(self) -> None:
+        try:
+            order = self.server.sidecar.request_compaction(self._body())
+        except RequestRejected as exc:
+            self._reply(exc.status, f"{exc}\n".encode())
+            return
+        self._reply(202, f"queued {order.id}\n".encode())
+
+    def _body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length", "0")))
+
+    def _reply(self, code: int, body: bytes, kind: str = "text/plain") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
