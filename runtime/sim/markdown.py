@@ -135,7 +135,7 @@ def pending_text(summary: Summary) -> str:
 
 
 CAUSES = ("preemption", "fragmented", "capacity")
-"""Why a production pod waited (``runtime.sim.cluster.Waiting``), in the report's order."""
+"""Why a production pod waited (``runtime.sim.cluster_objects.Waiting``), in the report's order."""
 
 
 def capped_text(summary: Summary, unit: str = "") -> str:

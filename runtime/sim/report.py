@@ -51,7 +51,7 @@ from numpy.typing import NDArray
 from policy.base import duration_seconds
 from policy.pool import PoolPolicy
 from runtime.sim.classes import ClassTotals
-from runtime.sim.cluster import Waiting
+from runtime.sim.cluster_objects import Waiting
 from runtime.sim.engine import Replay, preserves_kv
 
 

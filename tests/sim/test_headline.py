@@ -21,7 +21,7 @@ from rich.console import Console
 from policy import DEFAULT_POLICY, PoolPolicy, load_policy
 from runtime.cli import whatif_commands
 from runtime.sim import markdown, output
-from runtime.sim.cluster import Waiting
+from runtime.sim.cluster_objects import Waiting
 from runtime.sim.engine import Layout, Replay, Series
 from runtime.sim.options import DEMO, build_whatif
 from runtime.sim.report import ClassFigures, summarize
