@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from runtime.sim.report import ClassFigures, Goal, KvTier, Summary, production_unharmed
+from runtime.sim.goals import Goal, production_unharmed
+from runtime.sim.report import ClassFigures, KvTier, Summary
 from runtime.sim.tuning import ProposalRecord, Span, TunerRun
 from runtime.sim.whatif import Result
 
