@@ -106,10 +106,10 @@ def _saved(tier: KvTier) -> str:
     return "n/a" if tier.prefill_tokens_saved is None else f"{tier.prefill_tokens_saved:,.0f}"
 
 
-Figure = tuple[str, Callable[[Summary], str]]
+FigureRow = tuple[str, Callable[[Summary], str]]
 """A row of the one-run table: its name and the figure's text for one replay."""
 
-FIGURES: tuple[Figure, ...] = (
+FIGURES: tuple[FigureRow, ...] = (
     ("useful GPU-h (production served + flex busy)", lambda s: _number(s.useful_gpu_h)),
     ("cluster duty cycle", lambda s: f"{s.cluster_duty_cycle:.1%}"),
     (
