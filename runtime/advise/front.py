@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runtime.advise.sweep import Point
-from runtime.sim.report import MAX_EVICTIONS_PER_MINUTE, Summary, production_unharmed
+from runtime.sim.goals import MAX_EVICTIONS_PER_MINUTE, production_unharmed
+from runtime.sim.report import Summary
 
 PENDING_SLACK = 1e-9
 """Pod-minutes within this of the accepted waits count as equal (float noise)."""

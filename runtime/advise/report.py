@@ -9,13 +9,16 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.advise.front import Rated, dominates
 from runtime.advise.sweep import Sweep
 from runtime.sim.markdown import value_delta
 from runtime.sim.report import Summary
 from runtime.tuner.yamledit import render
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PLOT = "pareto.png"
 
@@ -211,52 +214,8 @@ def plot(sweep: Sweep, rated: Sequence[Rated], pick: Rated | None) -> bytes:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     try:
-        x = [r.summary.harvested_gpu_h for r in rated]
-        y = [r.harm for r in rated]
-        c = [r.summary.evictions_per_minute_max for r in rated]
-        dots = ax.scatter(x, y, c=c, cmap="viridis", s=36, zorder=3)
-        fig.colorbar(dots, ax=ax, label="flex evictions per minute (max)")
-        front = sorted((r for r in rated if r.on_front), key=lambda r: r.summary.harvested_gpu_h)
-        ax.plot(
-            [r.summary.harvested_gpu_h for r in front],
-            [r.harm for r in front],
-            color="#d62728",
-            lw=1,
-            label="Pareto front",
-            zorder=2,
-        )
-        for r in rated:
-            if not r.point.variant.edits:
-                ax.scatter(
-                    [r.summary.harvested_gpu_h],
-                    [r.harm],
-                    s=160,
-                    facecolors="none",
-                    edgecolors="black",
-                    label="current policy",
-                    zorder=4,
-                )
-        if pick is not None:
-            ax.scatter(
-                [pick.summary.harvested_gpu_h],
-                [pick.harm],
-                marker="*",
-                s=260,
-                color="#ff7f0e",
-                edgecolors="black",
-                label="recommended",
-                zorder=5,
-            )
-        f = sweep.fixed
-        ax.scatter(
-            [f.harvested_gpu_h],
-            [f.prod_short_gpu_h + f.prod_unmet_pod_minutes],
-            marker="x",
-            s=80,
-            color="black",
-            label="fixed topology",
-            zorder=4,
-        )
+        _variants(fig, ax, rated)
+        _marks(ax, rated, pick, sweep.fixed)
         ax.set(
             xlabel="harvested GPU-hours (flex replicas running)",
             ylabel="production harm: busy GPU-h short + pod-min pending",
@@ -268,3 +227,56 @@ def plot(sweep: Sweep, rated: Sequence[Rated], pick: Rated | None) -> bytes:
         return buffer.getvalue()
     finally:
         plt.close(fig)
+
+
+def _variants(fig: Figure, ax: Any, rated: Sequence[Rated]) -> None:
+    """Every replayed variant as a dot coloured by its evictions, and the front as a line."""
+    x = [r.summary.harvested_gpu_h for r in rated]
+    y = [r.harm for r in rated]
+    c = [r.summary.evictions_per_minute_max for r in rated]
+    dots = ax.scatter(x, y, c=c, cmap="viridis", s=36, zorder=3)
+    fig.colorbar(dots, ax=ax, label="flex evictions per minute (max)")
+    front = sorted((r for r in rated if r.on_front), key=lambda r: r.summary.harvested_gpu_h)
+    ax.plot(
+        [r.summary.harvested_gpu_h for r in front],
+        [r.harm for r in front],
+        color="#d62728",
+        lw=1,
+        label="Pareto front",
+        zorder=2,
+    )
+
+
+def _marks(ax: Any, rated: Sequence[Rated], pick: Rated | None, fixed: Summary) -> None:
+    """The current policy ringed, the pick starred and the fixed topology as a cross."""
+    for r in rated:
+        if not r.point.variant.edits:
+            ax.scatter(
+                [r.summary.harvested_gpu_h],
+                [r.harm],
+                s=160,
+                facecolors="none",
+                edgecolors="black",
+                label="current policy",
+                zorder=4,
+            )
+    if pick is not None:
+        ax.scatter(
+            [pick.summary.harvested_gpu_h],
+            [pick.harm],
+            marker="*",
+            s=260,
+            color="#ff7f0e",
+            edgecolors="black",
+            label="recommended",
+            zorder=5,
+        )
+    ax.scatter(
+        [fixed.harvested_gpu_h],
+        [fixed.prod_short_gpu_h + fixed.prod_unmet_pod_minutes],
+        marker="x",
+        s=80,
+        color="black",
+        label="fixed topology",
+        zorder=4,
+    )

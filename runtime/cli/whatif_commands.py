@@ -44,7 +44,7 @@ from runtime.cli.whatif_options import (
     TunerSettingsOption,
     replay_options,
 )
-from runtime.sim import markdown, output
+from runtime.sim import class_text, markdown, output, tuner_text
 from runtime.sim.gitrefs import RefError, policy_at
 from runtime.sim.options import DEMO, Options, build_whatif
 from runtime.sim.options import input_files as replay_inputs
@@ -108,10 +108,10 @@ def print_summary(result: Result, title: str) -> None:
 def print_classes(result: Result) -> None:
     """Per traffic class: served, queued, shed (and during production bursts), lost, dropped;
     nothing for a policy without a serving section."""
-    rows = markdown.class_rows(result.pooled, result.fixed)
+    rows = class_text.class_rows(result.pooled, result.fixed)
     if not rows:
         return
-    head, *_ = markdown.class_lines(result.pooled, result.fixed)
+    head, *_ = class_text.class_lines(result.pooled, result.fixed)
     console.print(head, markup=False)
     # One column per class and replay (the markdown's rows), so ten figures fit 80 columns.
     tables.print_table(
@@ -119,7 +119,7 @@ def print_classes(result: Result) -> None:
         ("", *(f"{row[0]} {row[1]}" for row in rows)),
         [
             (figure, *(row[i] for row in rows))
-            for i, figure in enumerate(markdown.CLASS_COLUMNS[2:], start=2)
+            for i, figure in enumerate(class_text.CLASS_COLUMNS[2:], start=2)
         ],
     )
 
@@ -129,7 +129,7 @@ def print_tuner(result: Result) -> None:
     below it; without a proposal, the last cycle's reasons."""
     tuner = result.tuner
     assert tuner is not None
-    head, *rest = markdown.tuner_lines(tuner)
+    head, *rest = tuner_text.tuner_lines(tuner)
     console.print(head, markup=False)
     if not tuner.proposals:
         for line in rest:
@@ -140,16 +140,16 @@ def print_tuner(result: Result) -> None:
         ("proposed", "change", "outcome", "before -> after"),
         [
             (
-                markdown.clock(p.proposed_at_s),
-                markdown.change_text(p),
-                markdown.outcome_text(p),
-                markdown.effect_text(p),
+                tuner_text.clock(p.proposed_at_s),
+                tuner_text.change_text(p),
+                tuner_text.outcome_text(p),
+                tuner_text.effect_text(p),
             )
             for p in tuner.proposals
         ],
     )
     for p in tuner.proposals:
-        console.print(f"why ({markdown.clock(p.proposed_at_s)}, {p.rule}): {p.why}", markup=False)
+        console.print(f"why ({tuner_text.clock(p.proposed_at_s)}, {p.rule}): {p.why}", markup=False)
 
 
 def output_files(outputs: OutputPaths, prefixes: list[str]) -> list[Path]:

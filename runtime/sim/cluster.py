@@ -22,142 +22,25 @@ At 10,000 GPUs a replay cannot walk every node and pod at every step, so the clu
 counters as it changes: each pool's nodes in masks by (free GPUs, flex pods, GPUs), one bit
 per node in name order (a choice reads a few dozen masks, and the highest bit is the
 highest-named node, the tie-break), each pool's GPUs by owner, and each owner's pods by
-phase in creation order. Nominated nodes (GPUs promised) and nodes not ready yet are judged
-one by one, as before.
+phase in creation order (``runtime.sim.cluster_index``). Nominated nodes (GPUs promised) and
+nodes not ready yet are judged one by one, as before. The nodes and pods themselves are
+``runtime.sim.cluster_objects``.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 
+from runtime.sim.cluster_index import NodeClass, OwnerPods, PoolIndex
 
-class Phase(Enum):
-    PENDING = "Pending"
-    STARTING = "Starting"
-    RUNNING = "Running"
-    TERMINATING = "Terminating"
-    GONE = "Gone"
-
-
-@dataclass(eq=False)
-class Node:
-    name: str
-    pool: str
-    gpus: int
-    free: int
-    ready_at: float = 0.0
-    empty_since: float | None = 0.0
-    pods: set[Pod] = field(default_factory=set)
-    packed: int = 0
-    """Flex pods (``Pod.packs``) bound here, terminating ones included (the affinity term)."""
-
-
-@dataclass(eq=False)
-class Pod:
-    """One pod of a production or flex Deployment (``owner``)."""
-
-    uid: int
-    owner: str
-    production: bool
-    gpus: int
-    priority: int
-    may_preempt: bool
-    pools: tuple[str, ...]
-    """Pools the pod may land on, preferred first."""
-    created: float
-    startup_s: float
-    phase: Phase = Phase.PENDING
-    node: Node | None = None
-    nominated: Node | None = None
-    ready_at: float = 0.0
-    exit_at: float = 0.0
-    pending_since: float = 0.0
-    packs: bool = False
-    """Scored like a flex pod: preferred pool, nodes running flex, least allocated."""
-
-
-class Waiting(Enum):
-    """Why a pending pod is not bound yet."""
-
-    PREEMPTION = "preemption"
-    """Nominated to a node whose victims are still exiting."""
-    FRAGMENTED = "fragmented"
-    """Enough GPUs are free in its pools, but on no single node."""
-    CAPACITY = "capacity"
-    """Its pools lack the free GPUs (or the node is still being provisioned)."""
-
-
-@dataclass(frozen=True)
-class Eviction:
-    """A pod disrupted by someone other than its owner (here: scheduler preemption)."""
-
-    pod: Pod
-    at: float
-    reason: str
-
-
-_Class = tuple[int, int, int]
-"""(free GPUs, flex pods, GPUs) of a node: what its placement score depends on."""
-
-
-@dataclass(eq=False)
-class _Pool:
-    """One pool's nodes in masks by ``_Class`` (a bit per node, in name order) and its GPU
-    counters; ``index`` redoes the masks when Karpenter adds or removes nodes."""
-
-    nodes: list[Node]
-    by_bit: list[Node] = field(default_factory=list)
-    bit: dict[Node, int] = field(default_factory=dict)
-    masks: dict[_Class, int] = field(default_factory=dict)
-    gpus: int = 0
-    free: int = 0
-    bound: Counter[str] = field(default_factory=Counter)
-    """GPUs bound pods of each owner hold here (terminating ones included)."""
-    running: Counter[str] = field(default_factory=Counter)
-    """GPUs running pods of each owner hold here."""
-
-    def index(self) -> None:
-        self.by_bit = sorted(self.nodes, key=lambda n: n.name)
-        self.bit = {n: i for i, n in enumerate(self.by_bit)}
-        self.masks = {}
-        for node in self.by_bit:
-            self.add(node)
-        self.gpus = sum(n.gpus for n in self.nodes)
-        self.free = sum(n.free for n in self.nodes)
-
-    def add(self, node: Node) -> None:
-        key = (node.free, node.packed, node.gpus)
-        self.masks[key] = self.masks.get(key, 0) | 1 << self.bit[node]
-
-    def remove(self, node: Node) -> None:
-        key = (node.free, node.packed, node.gpus)
-        mask = self.masks[key] & ~(1 << self.bit[node])
-        if mask:
-            self.masks[key] = mask
-        else:
-            del self.masks[key]
-
-    def highest(self, mask: int) -> Node:
-        """The highest-named node of ``mask``."""
-        return self.by_bit[mask.bit_length() - 1]
-
-
-@dataclass(eq=False)
-class _Owned:
-    """One owner's pods that count toward its replicas (not terminating), in creation order,
-    and its live pods by phase."""
-
-    production: bool
-    order: dict[Pod, None] = field(default_factory=dict)
-    phases: dict[Phase, set[Pod]] = field(
-        default_factory=lambda: {phase: set() for phase in Phase if phase is not Phase.GONE}
-    )
-    sizes: Counter[tuple[Phase, int]] = field(default_factory=Counter)
-    """Pods by (phase, GPUs per pod)."""
+# engine.py imports these from here.
+from runtime.sim.cluster_objects import Eviction as Eviction
+from runtime.sim.cluster_objects import Node as Node
+from runtime.sim.cluster_objects import Phase as Phase
+from runtime.sim.cluster_objects import Pod as Pod
+from runtime.sim.cluster_objects import Waiting as Waiting
 
 
 @dataclass
@@ -179,11 +62,11 @@ class Cluster:
     )
     _nominated: dict[Node, set[Pod]] = field(default_factory=dict)
     """Nodes with GPUs promised to pending preemptors (no empty sets)."""
-    _owners: dict[str, _Owned] = field(default_factory=dict)
+    _owners: dict[str, OwnerPods] = field(default_factory=dict)
     _uids: itertools.count[int] = field(default_factory=itertools.count)
     _names: itertools.count[int] = field(default_factory=itertools.count)
     _provisioning: list[tuple[float, str]] = field(default_factory=list)
-    _pools: dict[str, _Pool] = field(default_factory=dict, init=False)
+    _pools: dict[str, PoolIndex] = field(default_factory=dict, init=False)
     _unready: list[Node] = field(default_factory=list, init=False)
     """Nodes given with a ``ready_at`` ahead: the only ones that can be not ready (Karpenter
     adds nodes once they are)."""
@@ -194,7 +77,7 @@ class Cluster:
             self._unready += [n for n in nodes if n.ready_at > 0]
 
     def _reindex(self, pool: str) -> None:
-        index = self._pools.setdefault(pool, _Pool(self.nodes[pool]))
+        index = self._pools.setdefault(pool, PoolIndex(self.nodes[pool]))
         index.index()
 
     # -- pods -------------------------------------------------------------------------
@@ -226,7 +109,7 @@ class Cluster:
         )
         self.pods.add(pod)
         self.by_phase[Phase.PENDING].add(pod)
-        owned = self._owners.setdefault(owner, _Owned(production))
+        owned = self._owners.setdefault(owner, OwnerPods(production))
         owned.order[pod] = None
         owned.phases[Phase.PENDING].add(pod)
         owned.sizes[Phase.PENDING, gpus] += 1
@@ -380,7 +263,7 @@ class Cluster:
     def _fits(self, node: Node, pod: Pod, now: float) -> bool:
         return node.ready_at <= now and node.free - self._reserved(node, pod) >= pod.gpus
 
-    def _special(self, index: _Pool, now: float) -> tuple[list[Node], int]:
+    def _special(self, index: PoolIndex, now: float) -> tuple[list[Node], int]:
         """The pool's nodes its masks cannot judge alone (GPUs promised to a preemptor, or not
         ready at ``now``), and their mask."""
         nodes = [
@@ -427,7 +310,7 @@ class Cluster:
     def _packed(self, pod: Pod, now: float) -> Node | None:
         """The feasible node with the highest default-plugin score (module docstring): nodes
         of one class score the same, so each class offers its highest-named node."""
-        fits: list[tuple[int, _Class, Node]] = []
+        fits: list[tuple[int, NodeClass, Node]] = []
         for pool_rank, pool in enumerate(pod.pools):
             index = self._pools.get(pool)
             if index is None:
@@ -446,7 +329,7 @@ class Cluster:
             return None
         low, high = min(k[1] for _, k, _ in fits), max(k[1] for _, k, _ in fits)
 
-        def score(entry: tuple[int, _Class, Node]) -> tuple[float, int, str]:
+        def score(entry: tuple[int, NodeClass, Node]) -> tuple[float, int, str]:
             rank, (free, packed, gpus), n = entry
             affinity = 100.0 if rank == 0 else 0.0
             together = 100.0 * (packed - low) / (high - low) if high > low else 0.0

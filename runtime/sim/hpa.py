@@ -31,6 +31,9 @@ One sync (``reconcile``, after ``reconcileAutoscaler``):
    ``minReplicas``.
 6. A changed count is a scale event (``storeScaleEvent``).
 
+What the sync reads from the HPA object (``HpaSpec``: its bounds, target, tolerances and
+defaulted ``behavior``) and the parser of a rendered manifest are ``runtime.sim.hpa_spec``.
+
 The simulator calls ``reconcile`` every ``SYNC_PERIOD_S`` simulated seconds per HPA, with one
 ``HpaState`` per HPA (the controller's in-memory maps for that key), and then sets the
 Deployment's ``spec.replicas`` to the result.
@@ -39,214 +42,22 @@ Deployment's ``spec.replicas`` to the result.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from decimal import ROUND_CEILING, Decimal
-from typing import Any, Final, Literal, cast
+from typing import Final
 
-from policy.quantity import parse_quantity
-
-PolicyKind = Literal["Pods", "Percent"]
-"""``HPAScalingPolicyType``."""
-
-SelectPolicy = Literal["Max", "Min", "Disabled"]
-"""``ScalingPolicySelect``."""
+from runtime.sim.hpa_spec import PODS_METRIC, ScalingPolicy, SelectPolicy
+from runtime.sim.hpa_spec import HpaSpec as HpaSpec  # engine.py imports it from here
 
 SYNC_PERIOD_S: Final = 15
 """``--horizontal-pod-autoscaler-sync-period`` default: how often the controller syncs an HPA."""
 
-DEFAULT_TOLERANCE: Final = 0.1
-"""``--horizontal-pod-autoscaler-tolerance`` default."""
-
-DEFAULT_DOWNSCALE_STABILIZATION_S: Final = 300
-"""``--horizontal-pod-autoscaler-downscale-stabilization`` default (5 min): the scale-down
-window of a ``behavior.scaleDown`` that does not set one
-(``maybeInitScaleDownStabilizationWindow``)."""
-
-MAX_STABILIZATION_WINDOW_S: Final = 3600
-"""API validation: ``stabilizationWindowSeconds`` is 0-3600."""
-
-MAX_PERIOD_S: Final = 1800
-"""API validation: a policy's ``periodSeconds`` is 1-1800."""
-
 MAX_INT32: Final = 2**31 - 1
 MIN_INT32: Final = -(2**31)
-
-EXTERNAL_METRIC: Final = "External"
-PODS_METRIC: Final = "Pods"
-AVERAGE_VALUE: Final = "AverageValue"
-
-MetricType = Literal["External", "Pods"]
-"""The metric shapes the port models (see the module docstring)."""
 
 PodSample = float | None
 """One pod of a Pods-metric HPA's target: its metric value, or ``None`` for a Pending pod
 (``groupPods``' unready pods). Deleted and Failed pods (ignored upstream) are left out."""
-
-
-@dataclass(frozen=True)
-class ScalingPolicy:
-    """One ``HPAScalingPolicy``: at most ``value`` pods (or percent) of change per ``period_s``."""
-
-    kind: PolicyKind
-    value: int
-    period_s: int
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("Pods", "Percent"):
-            raise ValueError(f"kind: must be Pods or Percent, got {self.kind!r}")
-        if self.value <= 0:
-            raise ValueError(f"value: must be greater than zero, got {self.value}")
-        if not 0 < self.period_s <= MAX_PERIOD_S:
-            raise ValueError(f"period_s: must be 1-{MAX_PERIOD_S}, got {self.period_s}")
-
-
-DEFAULT_SCALE_UP_POLICIES: Final = (
-    ScalingPolicy("Pods", 4, 15),
-    ScalingPolicy("Percent", 100, 15),
-)
-"""``defaultHPAScaleUpRules`` (``pkg/apis/autoscaling/v2/defaults.go``): 4 pods or 100 % per
-15 s, whichever allows more."""
-
-DEFAULT_SCALE_DOWN_POLICIES: Final = (ScalingPolicy("Percent", 100, 15),)
-"""``defaultHPAScaleDownRules``: 100 % per 15 s (down to ``minReplicas`` in one step)."""
-
-DEFAULT_SCALE_UP_STABILIZATION_S: Final = 0
-"""``defaultHPAScaleUpRules.StabilizationWindowSeconds``."""
-
-
-@dataclass(frozen=True)
-class HpaSpec:
-    """What one sync reads from an ``autoscaling/v2`` HPA (``behavior`` already defaulted).
-
-    ``target_average_value`` is the External metric's ``AverageValue`` target (the controller
-    uses its milli-value, rounded up like ``Quantity.MilliValue``). ``tolerance`` is the
-    controller flag; ``scale_up_tolerance`` / ``scale_down_tolerance`` are the HPA's own
-    ``behavior.*.tolerance`` (``HPAConfigurableTolerance``), which replace it for their
-    direction when set. ``scale_down_stabilization_s`` is the
-    resolved window: a manifest without one gets the controller flag, see ``from_manifest``.
-    """
-
-    min_replicas: int
-    max_replicas: int
-    target_average_value: float
-    metric_type: MetricType = EXTERNAL_METRIC
-    tolerance: float = DEFAULT_TOLERANCE
-    scale_up_tolerance: float | None = None
-    scale_down_tolerance: float | None = None
-    scale_up_stabilization_s: int = DEFAULT_SCALE_UP_STABILIZATION_S
-    scale_down_stabilization_s: int = DEFAULT_DOWNSCALE_STABILIZATION_S
-    scale_up_policies: tuple[ScalingPolicy, ...] = DEFAULT_SCALE_UP_POLICIES
-    scale_down_policies: tuple[ScalingPolicy, ...] = DEFAULT_SCALE_DOWN_POLICIES
-    scale_up_select: SelectPolicy = "Max"
-    scale_down_select: SelectPolicy = "Max"
-
-    def __post_init__(self) -> None:
-        # minReplicas 0 needs the HPAScaleToZero gate upstream; the controller handles it.
-        if self.min_replicas < 0:
-            raise ValueError(f"min_replicas: must be >= 0, got {self.min_replicas}")
-        if self.max_replicas < max(1, self.min_replicas):
-            raise ValueError(
-                f"max_replicas: must be >= 1 and >= min_replicas ({self.min_replicas}), "
-                f"got {self.max_replicas}"
-            )
-        if self.metric_type not in (EXTERNAL_METRIC, PODS_METRIC):
-            raise ValueError(f"metric_type: must be External or Pods, got {self.metric_type!r}")
-        if not (math.isfinite(self.target_average_value) and self.target_average_value > 0):
-            raise ValueError(
-                f"target_average_value: must be a positive number, got {self.target_average_value}"
-            )
-        for name in ("tolerance", "scale_up_tolerance", "scale_down_tolerance"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}: must be >= 0, got {value}")
-        for name in ("scale_up_stabilization_s", "scale_down_stabilization_s"):
-            window = getattr(self, name)
-            if not 0 <= window <= MAX_STABILIZATION_WINDOW_S:
-                raise ValueError(f"{name}: must be 0-{MAX_STABILIZATION_WINDOW_S}, got {window}")
-        for name in ("scale_up_policies", "scale_down_policies"):
-            if not getattr(self, name):
-                raise ValueError(f"{name}: at least one policy is required")
-        for name in ("scale_up_select", "scale_down_select"):
-            if getattr(self, name) not in ("Max", "Min", "Disabled"):
-                raise ValueError(
-                    f"{name}: must be Max, Min or Disabled, got {getattr(self, name)!r}"
-                )
-
-    @property
-    def target_milli(self) -> int:
-        """``Target.AverageValue.MilliValue()``: the target in milli-units, rounded up."""
-        return _milli_ceil(Decimal(repr(self.target_average_value)))
-
-    @classmethod
-    def from_manifest(
-        cls,
-        hpa: Mapping[str, Any],
-        *,
-        tolerance: float = DEFAULT_TOLERANCE,
-        downscale_stabilization_s: int = DEFAULT_DOWNSCALE_STABILIZATION_S,
-    ) -> HpaSpec:
-        """Parse an ``autoscaling/v2`` HPA as gpupool renders it, with the API's defaults.
-
-        Supported: one ``External`` or ``Pods`` metric with an ``AverageValue`` target, and a
-        ``behavior``
-        whose missing parts take the API server's defaults (``SetDefaults_HorizontalPodAutoscaler``,
-        ``GenerateHPAScaleUpRules`` / ``GenerateHPAScaleDownRules``: ``minReplicas`` 1, the
-        default policies, ``selectPolicy: Max``, scale-up window 0). A scale-down rule without
-        ``stabilizationWindowSeconds`` gets ``downscale_stabilization_s``, the controller flag
-        (``maybeInitScaleDownStabilizationWindow``). ``tolerance`` is the controller flag.
-        Anything else raises ``ValueError`` naming the field: other metric types or targets,
-        several metrics, no ``behavior`` (the controller then runs its legacy
-        ``normalizeDesiredReplicas`` path, not ported), unknown keys. A rule's ``tolerance``
-        (``HPAConfigurableTolerance``) is read as the controller does with the gate on.
-        """
-        if hpa.get("apiVersion") != "autoscaling/v2":
-            raise ValueError(f"apiVersion: expected autoscaling/v2, got {hpa.get('apiVersion')!r}")
-        if hpa.get("kind") != "HorizontalPodAutoscaler":
-            raise ValueError(f"kind: expected HorizontalPodAutoscaler, got {hpa.get('kind')!r}")
-        spec = _mapping(hpa.get("spec"), "spec")
-        min_replicas = _int(spec.get("minReplicas", 1), "spec.minReplicas")
-        if "maxReplicas" not in spec:
-            raise ValueError("spec.maxReplicas: required")
-        max_replicas = _int(spec["maxReplicas"], "spec.maxReplicas")
-        metric_type, target = _average_value(spec.get("metrics"))
-        if "behavior" not in spec:
-            raise ValueError(
-                "spec.behavior: required (an HPA without behavior takes the controller's legacy "
-                "normalizeDesiredReplicas path, which this port does not model)"
-            )
-        behavior = _mapping(spec["behavior"], "spec.behavior")
-        _known_keys(behavior, {"scaleUp", "scaleDown"}, "spec.behavior")
-        up_window, up_select, up_policies, up_tolerance = _rules(
-            behavior.get("scaleUp"),
-            "spec.behavior.scaleUp",
-            default_window=DEFAULT_SCALE_UP_STABILIZATION_S,
-            default_policies=DEFAULT_SCALE_UP_POLICIES,
-        )
-        down_window, down_select, down_policies, down_tolerance = _rules(
-            behavior.get("scaleDown"),
-            "spec.behavior.scaleDown",
-            default_window=downscale_stabilization_s,
-            default_policies=DEFAULT_SCALE_DOWN_POLICIES,
-        )
-        try:
-            return cls(
-                min_replicas=min_replicas,
-                max_replicas=max_replicas,
-                target_average_value=float(target),
-                metric_type=metric_type,
-                tolerance=tolerance,
-                scale_up_tolerance=up_tolerance,
-                scale_down_tolerance=down_tolerance,
-                scale_up_stabilization_s=up_window,
-                scale_down_stabilization_s=down_window,
-                scale_up_policies=up_policies,
-                scale_down_policies=down_policies,
-                scale_up_select=up_select,
-                scale_down_select=down_select,
-            )
-        except ValueError as err:
-            raise ValueError(f"spec: {err}") from err
 
 
 @dataclass
@@ -326,27 +137,15 @@ def reconcile(
     elif current_replicas < spec.min_replicas:
         desired = spec.min_replicas
     else:
-        down = _or(spec.scale_down_tolerance, spec.tolerance)
-        up = _or(spec.scale_up_tolerance, spec.tolerance)
-        if spec.metric_type == PODS_METRIC:
-            proposal = pods_metric_replicas(
-                current_replicas,
-                spec.target_milli,
-                [None if v is None else external_metric_milli(v) for v in pods or ()],
-                down=down,
-                up=up,
-            )
-        elif usage_milli is None:
-            proposal = None
-        else:
-            proposal = get_external_per_pod_metric_replicas(
-                status, spec.target_milli, usage_milli, down=down, up=up
-            )
+        proposal = _metric_replicas(spec, current_replicas, status, usage_milli, pods)
         if proposal is None:
             return current_replicas  # FailedComputeMetricsReplicas: no scale, nothing recorded
-        desired = max(0, proposal)
         desired = normalize_desired_replicas_with_behaviors(
-            spec, state, now_s=now_s, current_replicas=current_replicas, desired_replicas=desired
+            spec,
+            state,
+            now_s=now_s,
+            current_replicas=current_replicas,
+            desired_replicas=max(0, proposal),
         )
     if desired == current_replicas:
         return current_replicas
@@ -355,6 +154,32 @@ def reconcile(
     )
     state.last_scale_s = now_s
     return desired
+
+
+def _metric_replicas(
+    spec: HpaSpec,
+    current_replicas: int,
+    status_replicas: int,
+    usage_milli: int | None,
+    pods: Sequence[PodSample] | None,
+) -> int | None:
+    """``computeReplicasForMetrics`` for the HPA's one metric with its direction's tolerance:
+    the proposal, or None where the metric is missing (the sync fails)."""
+    down = _or(spec.scale_down_tolerance, spec.tolerance)
+    up = _or(spec.scale_up_tolerance, spec.tolerance)
+    if spec.metric_type == PODS_METRIC:
+        return pods_metric_replicas(
+            current_replicas,
+            spec.target_milli,
+            [None if v is None else external_metric_milli(v) for v in pods or ()],
+            down=down,
+            up=up,
+        )
+    if usage_milli is None:
+        return None
+    return get_external_per_pod_metric_replicas(
+        status_replicas, spec.target_milli, usage_milli, down=down, up=up
+    )
 
 
 def external_metric_milli(value: float) -> int:
@@ -645,11 +470,6 @@ def store_scale_event(
         events.append(new_event)
 
 
-def _milli_ceil(amount: Decimal) -> int:
-    """``Quantity.MilliValue()``: milli-units, rounded up."""
-    return int((amount * 1000).to_integral_value(rounding=ROUND_CEILING))
-
-
 def _int32(value: float) -> int:
     """Go's ``int32(float64)`` for in-range values: truncation toward zero."""
     return int(value)
@@ -658,107 +478,3 @@ def _int32(value: float) -> int:
 def _longest_policy_period(policies: Sequence[ScalingPolicy]) -> int:
     """``getLongestPolicyPeriod``."""
     return max((p.period_s for p in policies), default=0)
-
-
-def _mapping(value: object, field_name: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{field_name}: expected a mapping, got {type(value).__name__}")
-    return cast(Mapping[str, Any], value)
-
-
-def _int(value: object, field_name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{field_name}: expected an integer, got {value!r}")
-    return value
-
-
-def _known_keys(mapping: Mapping[str, Any], known: set[str], field_name: str) -> None:
-    unknown = sorted(set(mapping) - known)
-    if unknown:
-        raise ValueError(f"{field_name}.{unknown[0]}: not modelled by this port")
-
-
-def _average_value(metrics: object) -> tuple[MetricType, Decimal]:
-    """The type and ``AverageValue`` of the single External or Pods metric; ValueError naming
-    the field otherwise."""
-    if not isinstance(metrics, Sequence) or isinstance(metrics, str) or len(metrics) != 1:
-        count = len(metrics) if isinstance(metrics, Sequence) else 0
-        raise ValueError(f"spec.metrics: exactly one metric is modelled, got {count}")
-    metric = _mapping(metrics[0], "spec.metrics[0]")
-    kind = metric.get("type")
-    if kind not in (EXTERNAL_METRIC, PODS_METRIC):
-        raise ValueError(
-            f"spec.metrics[0].type: only {EXTERNAL_METRIC} and {PODS_METRIC} are modelled, "
-            f"got {kind!r}"
-        )
-    key = "external" if kind == EXTERNAL_METRIC else "pods"
-    source = _mapping(metric.get(key), f"spec.metrics[0].{key}")
-    target = _mapping(source.get("target"), f"spec.metrics[0].{key}.target")
-    if target.get("type") != AVERAGE_VALUE:
-        raise ValueError(
-            f"spec.metrics[0].{key}.target.type: only {AVERAGE_VALUE} is modelled, "
-            f"got {target.get('type')!r}"
-        )
-    field_name = f"spec.metrics[0].{key}.target.averageValue"
-    if "averageValue" not in target:
-        raise ValueError(f"{field_name}: required")
-    amount = parse_quantity(target["averageValue"], field_name)
-    if amount <= 0:
-        raise ValueError(f"{field_name}: must be positive, got {target['averageValue']!r}")
-    return cast(MetricType, kind), amount
-
-
-def _rules(
-    value: object,
-    field_name: str,
-    *,
-    default_window: int,
-    default_policies: tuple[ScalingPolicy, ...],
-) -> tuple[int, SelectPolicy, tuple[ScalingPolicy, ...], float | None]:
-    """``copyHPAScalingRules`` over the defaults: (window, selectPolicy, policies, tolerance)."""
-    if value is None:
-        return default_window, "Max", default_policies, None
-    rules = _mapping(value, field_name)
-    _known_keys(
-        rules, {"stabilizationWindowSeconds", "selectPolicy", "policies", "tolerance"}, field_name
-    )
-    tolerance = None
-    if rules.get("tolerance") is not None:
-        # Quantity.AsApproximateFloat64; validation requires >= 0.
-        tolerance = float(parse_quantity(rules["tolerance"], f"{field_name}.tolerance"))
-        if tolerance < 0:
-            raise ValueError(f"{field_name}.tolerance: must be >= 0, got {rules['tolerance']!r}")
-    window = default_window
-    if rules.get("stabilizationWindowSeconds") is not None:
-        window = _int(
-            rules["stabilizationWindowSeconds"], f"{field_name}.stabilizationWindowSeconds"
-        )
-    select = rules.get("selectPolicy")
-    if select is None:
-        select = "Max"
-    if select not in ("Max", "Min", "Disabled"):
-        raise ValueError(f"{field_name}.selectPolicy: must be Max, Min or Disabled, got {select!r}")
-    policies = default_policies
-    if rules.get("policies") is not None:
-        items = rules["policies"]
-        if not isinstance(items, Sequence) or isinstance(items, str) or not items:
-            raise ValueError(f"{field_name}.policies: at least one policy is required")
-        policies = tuple(
-            _policy(item, f"{field_name}.policies[{i}]") for i, item in enumerate(items)
-        )
-    return window, cast(SelectPolicy, select), policies, tolerance
-
-
-def _policy(value: object, field_name: str) -> ScalingPolicy:
-    item = _mapping(value, field_name)
-    _known_keys(item, {"type", "value", "periodSeconds"}, field_name)
-    kind = item.get("type")
-    if kind not in ("Pods", "Percent"):
-        raise ValueError(f"{field_name}.type: must be Pods or Percent, got {kind!r}")
-    amount = _int(item.get("value"), f"{field_name}.value")
-    if amount <= 0:
-        raise ValueError(f"{field_name}.value: must be greater than zero, got {amount}")
-    period = _int(item.get("periodSeconds"), f"{field_name}.periodSeconds")
-    if not 0 < period <= MAX_PERIOD_S:
-        raise ValueError(f"{field_name}.periodSeconds: must be 1-{MAX_PERIOD_S}, got {period}")
-    return ScalingPolicy(kind=cast(PolicyKind, kind), value=amount, period_s=period)

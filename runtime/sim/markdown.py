@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from runtime.sim.report import ClassFigures, Goal, KvTier, Summary, production_unharmed
-from runtime.sim.tuning import ProposalRecord, Span, TunerRun
+from runtime.sim.class_text import class_lines
+from runtime.sim.goals import Goal, production_unharmed
+from runtime.sim.report import KvTier, Summary
+from runtime.sim.tuner_text import tuner_lines
 from runtime.sim.whatif import Result
 
 MARKER = "<!-- gpupool-whatif -->"
@@ -19,77 +21,22 @@ Row = tuple[str, str, str]
 
 def rows(pooled: Summary, fixed: Summary) -> list[Row]:
     """(figure, pooled, fixed) for the table of one run; GPU-hours unless it says."""
-
-    def f(x: float, digits: int = 1) -> str:
-        return f"{x:,.{digits}f}"
-
-    hit = "n/a" if pooled.kv_hit_rate is None else f"{pooled.kv_hit_rate:.1%}"
-    hit_fixed = "n/a" if fixed.kv_hit_rate is None else f"{fixed.kv_hit_rate:.1%}"
     return [
-        (
-            "useful GPU-h (production served + flex busy)",
-            f(pooled.useful_gpu_h),
-            f(fixed.useful_gpu_h),
-        ),
-        (
-            "cluster duty cycle",
-            f"{pooled.cluster_duty_cycle:.1%}",
-            f"{fixed.cluster_duty_cycle:.1%}",
-        ),
-        (
-            "harvested / bound GPU-h",
-            f"{f(pooled.harvested_gpu_h)} / {f(pooled.harvest_bound_gpu_h)}",
-            f"{f(fixed.harvested_gpu_h)} / {f(fixed.harvest_bound_gpu_h)}",
-        ),
-        (
-            "harvest efficiency",
-            efficiency_text(pooled.harvest_efficiency),
-            efficiency_text(fixed.harvest_efficiency),
-        ),
-        (
-            "bound not harvested, GPU-h (production headroom / reserve / other free / flex "
-            "starting)",
-            losses_text(pooled),
-            losses_text(fixed),
-        ),
-        (
-            "production busy GPU-h wanted / short",
-            f"{f(pooled.prod_busy_gpu_h)} / {f(pooled.prod_short_gpu_h, 2)}",
-            f"{f(fixed.prod_busy_gpu_h)} / {f(fixed.prod_short_gpu_h, 2)}",
-        ),
-        (
-            "production pod-minutes pending (preemption / fragmented / capacity)",
-            pending_text(pooled),
-            pending_text(fixed),
-        ),
-        (
-            "flex evictions/min (mean / max)",
-            f"{pooled.evictions_per_minute_mean:.2f} / {pooled.evictions_per_minute_max:.2f}",
-            f"{fixed.evictions_per_minute_mean:.2f} / {fixed.evictions_per_minute_max:.2f}",
-        ),
-        ("flex pods evicted (running replicas)", evicted_text(pooled), evicted_text(fixed)),
-        ("harvested GPU-h worth", value_text(pooled), value_text(fixed)),
-        ("flex tokens/s", f(pooled.flex_tokens_per_s, 0), f(fixed.flex_tokens_per_s, 0)),
-        ("flex capped by max_replicas, h", capped_text(pooled), capped_text(fixed)),
-        ("KV hit rate", hit, hit_fixed),
-        ("KV tokens lost to evictions", f(pooled.kv_tokens_lost, 0), f(fixed.kv_tokens_lost, 0)),
-        (
-            "KV hit rate, 1st minute after an eviction, with / without the snapshot tier",
-            _first_minute(pooled.kv_tier),
-            _first_minute(fixed.kv_tier),
-        ),
-        (
-            "prefill tokens the snapshot tier saves",
-            _saved(pooled.kv_tier),
-            _saved(fixed.kv_tier),
-        ),
-        ("flex GPU duty cycle", f"{pooled.flex_duty_cycle:.0%}", f"{fixed.flex_duty_cycle:.0%}"),
+        *((name, text(pooled), text(fixed)) for name, text in FIGURES),
         *(
             (f"allocated share, {pool}", f"{share:.0%}", "")
             for pool, share in pooled.allocation_share.items()
         ),
         *((f"duty cycle, {pool}", f"{duty:.0%}", "") for pool, duty in pooled.duty_cycle.items()),
     ]
+
+
+def _number(x: float, digits: int = 1) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def _hit_rate(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{rate:.1%}"
 
 
 def efficiency_text(efficiency: float | None) -> str:
@@ -135,7 +82,7 @@ def pending_text(summary: Summary) -> str:
 
 
 CAUSES = ("preemption", "fragmented", "capacity")
-"""Why a production pod waited (``runtime.sim.cluster.Waiting``), in the report's order."""
+"""Why a production pod waited (``runtime.sim.cluster_objects.Waiting``), in the report's order."""
 
 
 def capped_text(summary: Summary, unit: str = "") -> str:
@@ -157,6 +104,46 @@ def _first_minute(tier: KvTier) -> str:
 
 def _saved(tier: KvTier) -> str:
     return "n/a" if tier.prefill_tokens_saved is None else f"{tier.prefill_tokens_saved:,.0f}"
+
+
+FigureRow = tuple[str, Callable[[Summary], str]]
+"""A row of the one-run table: its name and the figure's text for one replay."""
+
+FIGURES: tuple[FigureRow, ...] = (
+    ("useful GPU-h (production served + flex busy)", lambda s: _number(s.useful_gpu_h)),
+    ("cluster duty cycle", lambda s: f"{s.cluster_duty_cycle:.1%}"),
+    (
+        "harvested / bound GPU-h",
+        lambda s: f"{_number(s.harvested_gpu_h)} / {_number(s.harvest_bound_gpu_h)}",
+    ),
+    ("harvest efficiency", lambda s: efficiency_text(s.harvest_efficiency)),
+    (
+        "bound not harvested, GPU-h (production headroom / reserve / other free / flex starting)",
+        losses_text,
+    ),
+    (
+        "production busy GPU-h wanted / short",
+        lambda s: f"{_number(s.prod_busy_gpu_h)} / {_number(s.prod_short_gpu_h, 2)}",
+    ),
+    ("production pod-minutes pending (preemption / fragmented / capacity)", pending_text),
+    (
+        "flex evictions/min (mean / max)",
+        lambda s: f"{s.evictions_per_minute_mean:.2f} / {s.evictions_per_minute_max:.2f}",
+    ),
+    ("flex pods evicted (running replicas)", evicted_text),
+    ("harvested GPU-h worth", value_text),
+    ("flex tokens/s", lambda s: _number(s.flex_tokens_per_s, 0)),
+    ("flex capped by max_replicas, h", capped_text),
+    ("KV hit rate", lambda s: _hit_rate(s.kv_hit_rate)),
+    ("KV tokens lost to evictions", lambda s: _number(s.kv_tokens_lost, 0)),
+    (
+        "KV hit rate, 1st minute after an eviction, with / without the snapshot tier",
+        lambda s: _first_minute(s.kv_tier),
+    ),
+    ("prefill tokens the snapshot tier saves", lambda s: _saved(s.kv_tier)),
+    ("flex GPU duty cycle", lambda s: f"{s.flex_duty_cycle:.0%}"),
+)
+"""The one-run table's rows before the per-pool ones, in the report's order."""
 
 
 def tier_lines(summary: Summary) -> list[str]:
@@ -181,156 +168,6 @@ def tier_lines(summary: Summary) -> list[str]:
         "- KV tokens lost with or without the tier (in-flight context of replicas that went "
         f"away): {summary.kv_tokens_lost:,.0f}",
     ]
-
-
-CLASS_COLUMNS = (
-    "class",
-    "replay",
-    "arrived",
-    "served",
-    "queued",
-    "shed",
-    "shed in bursts",
-    "shed at start",
-    "lost (drained)",
-    "dropped",
-)
-"""Columns of the traffic-class table (console and markdown); ``class_lines`` says what
-each means."""
-
-
-def _used(pooled: Summary, fixed: Summary) -> dict[str, tuple[ClassFigures, ClassFigures]]:
-    """The classes some request of either replay arrived in, pooled and fixed figures."""
-    p, f = pooled.traffic_classes or {}, fixed.traffic_classes or {}
-    return {
-        name: (c, f[name]) for name, c in p.items() if name in f and (c.arrived or f[name].arrived)
-    }
-
-
-def class_rows(pooled: Summary, fixed: Summary) -> list[tuple[str, ...]]:
-    """Per traffic class that saw requests, and replay: its requests and their shares of the
-    arrivals (no rows without traffic classes)."""
-    return [
-        (name, replay, *_class_cells(c))
-        for name, both in _used(pooled, fixed).items()
-        for replay, c in zip(("pooled", "fixed"), both, strict=True)
-    ]
-
-
-def _class_cells(c: ClassFigures) -> tuple[str, ...]:
-    """The figures of one class and replay, counts with their share of the arrivals."""
-
-    def part(n: int, share: float | None) -> str:
-        return f"{n:,}" if share is None else f"{n:,} ({share:.1%})"
-
-    return (
-        f"{c.arrived:,}",
-        part(c.served, c.served_share),
-        part(c.queued, c.queued_share),
-        part(c.shed, c.shed_share),
-        f"{c.shed_during_bursts:,}",
-        f"{c.shed_at_start:,}",
-        f"{c.lost:,} ({c.drained:,})",
-        f"{c.dropped:,}",
-    )
-
-
-def class_lines(pooled: Summary, fixed: Summary) -> list[str]:
-    """The traffic-class section of a report (nothing without traffic classes)."""
-    used = _used(pooled, fixed)
-    if not used:
-        return []
-    first = next(iter(used.values()))[0]
-    classes = "; ".join(
-        f"{name}: priority {c.priority}, served by {c.served_by}"
-        + (", sheddable" if c.sheddable else "")
-        for name, (c, _) in used.items()
-    )
-    return [
-        f"Traffic classes ({classes}). The endpoint picker sheds (429/503) a sheddable request "
-        "that arrives while its pool is saturated or has no ready instance, and queues every "
-        "other; queued: admitted and unfinished at the end; shed in bursts: in the "
-        f"{first.burst_minutes:,.1f} min production's pods held more GPUs than their median "
-        "over the replay; shed at start: before the pooled replay's first flex replica was "
-        f"ready ({first.start_minutes:,.1f} min: it starts flex cold, the fixed topology "
-        "warm); lost: in flight on a pod that exited and not finished within its drain "
-        "window (drained: finished, counted as served); dropped: over max_model_len. "
-        "arrived = served + queued + shed + dropped + lost.",
-        "",
-        "| " + " | ".join(CLASS_COLUMNS) + " |",
-        "|---|---|" + "---:|" * (len(CLASS_COLUMNS) - 2),
-        *("| " + " | ".join(row) + " |" for row in class_rows(pooled, fixed)),
-    ]
-
-
-def clock(seconds: float) -> str:
-    """Simulated time as ``h:mm`` from the replay's start."""
-    minutes = round(seconds / 60)
-    return f"{minutes // 60}:{minutes % 60:02d}"
-
-
-def change_text(p: ProposalRecord) -> str:
-    """The proposal's changes, ``field before -> after`` each."""
-    return "; ".join(f"{c.field} {c.before:g} -> {c.after:g}" for c in p.changes)
-
-
-def outcome_text(p: ProposalRecord) -> str:
-    """Merged, refused (and why) or still in review when the replay ended."""
-    if p.outcome == "applied" and p.decided_at_s is not None:
-        return f"merged at {clock(p.decided_at_s)}"
-    if p.outcome == "refused" and p.decided_at_s is not None:
-        return f"refused at {clock(p.decided_at_s)}: {p.refusal}"
-    return f"in review when the replay ended (due {clock(p.review_due_s)})"
-
-
-def effect_text(p: ProposalRecord) -> str:
-    """The replay's figures before and after a merged proposal ("" where it was not)."""
-    b, a = p.before, p.after
-    if b is None or a is None:
-        return ""
-
-    def pair(name: str, get: Callable[[Span], float], digits: int) -> str:
-        return f"{name} {get(b):,.{digits}f} -> {get(a):,.{digits}f}"
-
-    return (
-        f"{clock(b.start_s)}-{clock(b.end_s)} vs {clock(a.start_s)}-{clock(a.end_s)}: "
-        + ", ".join(
-            [
-                pair("flex evictions/min", lambda x: x.evictions_per_minute, 2),
-                pair(
-                    "production pod-minutes unmet per hour",
-                    lambda x: x.prod_unmet_pod_minutes_per_hour,
-                    1,
-                ),
-                pair("flex GPUs held", lambda x: x.flex_gpus_mean, 1),
-                pair("flex tokens/s", lambda x: x.flex_tokens_per_s, 0),
-            ]
-        )
-    )
-
-
-def tuner_lines(tuner: TunerRun | None) -> list[str]:
-    """The tuner's proposals in the pooled replay; nothing without ``--tuner``."""
-    if tuner is None:
-        return []
-    merged = sum(1 for p in tuner.proposals if p.outcome == "applied")
-    lines = [
-        f"Tuner in the loop: {tuner.cycles} cycles, one every {tuner.interval_s:g} s of "
-        f"simulated time; proposals merged {tuner.review_delay_s:g} s after they are made; "
-        f"{len(tuner.proposals)} proposal(s), {merged} merged; "
-        f"{tuner.compaction_requests} compaction request(s) (counted, not modelled).",
-    ]
-    for p in tuner.proposals:
-        lines.append(f"- {clock(p.proposed_at_s)} `{p.rule}`: {change_text(p)}; {outcome_text(p)}")
-        effect = effect_text(p)
-        if effect:
-            lines.append(f"  - {effect}")
-        lines.append(f"  - why: {p.why}")
-    if not tuner.proposals:
-        lines.append("- no proposal")
-    lines.append("The last cycle's rules that decided nothing:")
-    lines += [f"- {n}" for n in tuner.last_noops] or ["- none"]
-    return lines
 
 
 def check_lines(summary: Summary) -> list[str]:
@@ -472,30 +309,58 @@ def comparison(
 ) -> str:
     """The pull-request comment: what merging ``head`` changes against ``base``."""
     b, h = base.pooled, head.pooled
+    lines = [
+        MARKER,
+        f"## gpupool what-if: `{base_ref}` -> `{head_ref}`, {h.hours:g} h replay",
+        "",
+        *([] if (worth := value_delta(b, h)) is None else [f"**{worth}**", ""]),
+        f"Head: {headline(head)}",
+        "",
+        *_section(["Notable (head):", *n] if (n := notable_lines(head)) else []),
+        f"Base: {headline(base)}",
+        "",
+        _change_line(base, head),
+        "",
+        *_comparison_table(base, head, base_ref=base_ref, head_ref=head_ref),
+        "",
+        *(f"Plot: `{name}`" for name in plots),
+        "",
+        *_comparison_details(base, head),
+    ]
+    text = "\n".join(lines) + "\n"
+    if len(text) > LIMIT:
+        raise ValueError(f"the what-if comment is {len(text):,} characters, over {LIMIT:,}")
+    return text
 
-    def delta(name: str, before: float, after: float, digits: int = 1, unit: str = "") -> str:
-        change = after - before
-        return f"{name} {before:,.{digits}f} -> {after:,.{digits}f}{unit} ({change:+,.{digits}f})"
 
-    head_line = "; ".join(
+def _delta(name: str, before: float, after: float, digits: int = 1, unit: str = "") -> str:
+    """``name 1.0 -> 2.0 (+1.0)``."""
+    change = after - before
+    return f"{name} {before:,.{digits}f} -> {after:,.{digits}f}{unit} ({change:+,.{digits}f})"
+
+
+def _change_line(base: Result, head: Result) -> str:
+    """The headline figures' changes from ``base`` to ``head``, on one line."""
+    b, h = base.pooled, head.pooled
+    return "; ".join(
         [
-            delta(
-                "useful GPU-h ratio",
-                base.useful_gpu_h_ratio,
-                head.useful_gpu_h_ratio,
-                2,
-                "x",
-            ),
-            delta("harvested GPU-h", b.harvested_gpu_h, h.harvested_gpu_h),
-            delta("production busy GPU-h short", b.prod_short_gpu_h, h.prod_short_gpu_h, 2),
-            delta(
+            _delta("useful GPU-h ratio", base.useful_gpu_h_ratio, head.useful_gpu_h_ratio, 2, "x"),
+            _delta("harvested GPU-h", b.harvested_gpu_h, h.harvested_gpu_h),
+            _delta("production busy GPU-h short", b.prod_short_gpu_h, h.prod_short_gpu_h, 2),
+            _delta(
                 "production pod-minutes unmet", b.prod_unmet_pod_minutes, h.prod_unmet_pod_minutes
             ),
-            delta("evictions/min (max)", b.evictions_per_minute_max, h.evictions_per_minute_max, 2),
-            delta("flex tokens/s", b.flex_tokens_per_s, h.flex_tokens_per_s, 0),
+            _delta(
+                "evictions/min (max)", b.evictions_per_minute_max, h.evictions_per_minute_max, 2
+            ),
+            _delta("flex tokens/s", b.flex_tokens_per_s, h.flex_tokens_per_s, 0),
         ]
     )
-    table = [
+
+
+def _comparison_table(base: Result, head: Result, *, base_ref: str, head_ref: str) -> list[str]:
+    """The one-run table's figures and the goals' verdicts, base against head."""
+    return [
         f"| | base `{base_ref}` | head `{head_ref}` |",
         "|---|---:|---:|",
         f"| pooled / fixed useful GPU-h | {base.useful_gpu_h_ratio:.2f}x "
@@ -503,7 +368,7 @@ def comparison(
         *(
             f"| {name} | {before} | {after} |"
             for (name, before, _), (_, after, _) in zip(
-                rows(b, base.fixed), rows(h, head.fixed), strict=True
+                rows(base.pooled, base.fixed), rows(head.pooled, head.fixed), strict=True
             )
         ),
         *(
@@ -511,7 +376,13 @@ def comparison(
             for gb, gh in zip(base.goals, head.goals, strict=True)
         ),
     ]
-    details = [
+
+
+def _comparison_details(base: Result, head: Result) -> list[str]:
+    """The folded part of the comment: assumptions, checks, goals, the KV tier, traffic
+    classes, the tuner and the requests."""
+    b, h = base.pooled, head.pooled
+    return [
         "<details><summary>Assumptions and details</summary>",
         "",
         "Base:",
@@ -539,25 +410,3 @@ def comparison(
         "",
         "</details>",
     ]
-    lines = [
-        MARKER,
-        f"## gpupool what-if: `{base_ref}` -> `{head_ref}`, {h.hours:g} h replay",
-        "",
-        *([] if (worth := value_delta(b, h)) is None else [f"**{worth}**", ""]),
-        f"Head: {headline(head)}",
-        "",
-        *_section(["Notable (head):", *n] if (n := notable_lines(head)) else []),
-        f"Base: {headline(base)}",
-        "",
-        head_line,
-        "",
-        *table,
-        "",
-        *(f"Plot: `{name}`" for name in plots),
-        "",
-        *details,
-    ]
-    text = "\n".join(lines) + "\n"
-    if len(text) > LIMIT:
-        raise ValueError(f"the what-if comment is {len(text):,} characters, over {LIMIT:,}")
-    return text

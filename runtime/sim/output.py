@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -16,6 +17,9 @@ from numpy.typing import NDArray
 from runtime.sim.engine import Replay
 from runtime.sim.report import Summary
 from runtime.sim.whatif import Result
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PLOTS = ("gpus_held.png", "duty_cycle.png", "gpus.png", "utilization.png", "evictions.png")
 """File names of ``write_plots`` (after its prefix), in the order a report shows them."""
@@ -98,33 +102,52 @@ def plots(result: Result, *, prefix: str = "") -> dict[str, bytes]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pooled, fixed = result.replays
-    s = pooled.series
-    hours = np.asarray(s.t) / 3600
+    figures = (_held_plot, _duty_plot, _gpus_plot, _utilization_plot, _evictions_plot)
     images: dict[str, bytes] = {}
-
-    def save(fig: object, name: str) -> None:
+    for name, draw in zip(PLOTS, figures, strict=True):
+        fig = draw(result)
         buffer = io.BytesIO()
         try:
-            fig.savefig(buffer, format="png", dpi=110)  # type: ignore[attr-defined]
+            fig.savefig(buffer, format="png", dpi=110)
         finally:
-            plt.close(fig)  # type: ignore[arg-type]
+            plt.close(fig)
         images[f"{prefix}{name}"] = buffer.getvalue()
+    return images
 
-    fig, ax = plt.subplots(figsize=(9, 4))
+
+def _hours(replay: Replay) -> NDArray[np.float64]:
+    return np.asarray(replay.series.t) / 3600
+
+
+def _subplots(height: float) -> tuple[Figure, Any]:
+    """A 9-inch-wide figure and its axes (``plots`` has chosen the Agg backend)."""
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(9, height))
+
+
+def _held_plot(result: Result) -> Figure:
+    """GPUs held over time in the pooled replay, stacked (``_held_bands``)."""
+    s = result.replays[0].series
+    hours = _hours(result.replays[0])
+    fig, ax = _subplots(4)
     bands, labels, colors = _held_bands(result)
     ax.stackplot(hours, *bands, labels=labels, colors=colors)
     ax.plot(hours, s.array("prod_busy"), color="black", lw=0.8, label="production busy (wanted)")
     ax.set(xlabel="hours", ylabel="GPUs", title="GPUs held over time (pooled)")
     ax.legend(loc="upper right", fontsize=7)
-    save(fig, PLOTS[0])
+    return fig
 
-    fig, ax = plt.subplots(figsize=(9, 4))
+
+def _duty_plot(result: Result) -> Figure:
+    """The cluster duty cycle per step, pooled against fixed."""
+    pooled, fixed = result.replays
+    fig, ax = _subplots(4)
     for replay, color in ((pooled, "#2ca02c"), (fixed, "#1f77b4")):
         duty = cluster_duty(replay)
         summary = result.pooled if replay is pooled else result.fixed
         ax.plot(
-            np.asarray(replay.series.t) / 3600,
+            _hours(replay),
             duty,
             lw=1,
             color=color,
@@ -138,9 +161,15 @@ def plots(result: Result, *, prefix: str = "") -> dict[str, bytes]:
         "GPU-hours)",
     )
     ax.legend(loc="upper right", fontsize=8)
-    save(fig, PLOTS[1])
+    return fig
 
-    fig, ax = plt.subplots(figsize=(9, 4))
+
+def _gpus_plot(result: Result) -> Figure:
+    """GPUs held in the pooled replay with production's need and the fixed topology's flex."""
+    pooled, fixed = result.replays
+    s = pooled.series
+    hours = _hours(pooled)
+    fig, ax = _subplots(4)
     ax.stackplot(
         hours,
         s.array("prod_gpus"),
@@ -160,18 +189,28 @@ def plots(result: Result, *, prefix: str = "") -> dict[str, bytes]:
     )
     ax.set(xlabel="hours", ylabel="GPUs", title="GPUs held (pooled)")
     ax.legend(loc="upper right", fontsize=8)
-    save(fig, PLOTS[2])
+    return fig
 
-    fig, ax = plt.subplots(figsize=(9, 4))
+
+def _utilization_plot(result: Result) -> Figure:
+    """Each pool's GPU duty cycle in the pooled replay."""
+    s = result.replays[0].series
+    hours = _hours(result.replays[0])
+    fig, ax = _subplots(4)
     for pool, values in s.util_by_pool.items():
         ax.plot(hours, values, lw=1, label=f"{pool} duty cycle")
     ax.set(xlabel="hours", ylabel="utilization", ylim=(0, 1.05), title="GPU utilization per pool")
     if s.util_by_pool:
         ax.legend(loc="upper right", fontsize=8)
-    save(fig, PLOTS[3])
+    return fig
 
-    fig, ax = plt.subplots(figsize=(9, 3))
-    ax.bar(hours, s.array("evictions"), width=pooled.step_s / 3600, color="#9467bd")
+
+def _evictions_plot(result: Result) -> Figure:
+    """Flex evictions per step in the pooled replay."""
+    pooled = result.replays[0]
+    fig, ax = _subplots(3)
+    evictions = pooled.series.array("evictions")
+    ax.bar(_hours(pooled), evictions, width=pooled.step_s / 3600, color="#9467bd")
     p = result.pooled
     ax.set(
         xlabel="hours",
@@ -179,8 +218,7 @@ def plots(result: Result, *, prefix: str = "") -> dict[str, bytes]:
         title=f"Flex evictions (pooled): {p.evictions_total:,} pods, "
         f"{p.kv_tier.evicted_replicas:,} of them running; max {p.evictions_per_minute_max:.2f}/min",
     )
-    save(fig, PLOTS[4])
-    return images
+    return fig
 
 
 def _held_bands(

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from infra.builders.production import autoscaler
 from policy.pool import PoolPolicy
-from runtime.sim.hpa import HpaSpec
+from runtime.sim.hpa_spec import HpaSpec
 from runtime.sim.traces import ProductionTrace
 
 RuleMode = Literal["policy", "duty", "held"]

@@ -1,4 +1,4 @@
-"""Figures of merit of a replay, and the pooled-versus-fixed comparison (pure).
+"""Figures of merit of a replay (pure).
 
 Definitions (docs/whatif.md repeats them for readers of a report). Every figure compared
 between the replays is in one unit, GPU-hours of work; no figure values one model's work at
@@ -34,16 +34,13 @@ another model's rate:
   shed at the start, before the replay's first flex replica was ready (the pooled replay
   starts flex cold; the fixed topology starts with its replicas running).
 
-The product's goals (``goals``) are judged on every report and reported met or missed, never
-hidden: useful GPU-hours >= 2.5x the fixed topology's where the fixed topology's cluster duty
-cycle is at most 30 % (elsewhere not applicable); harvest efficiency >= 0.85 of the bound;
-production's busy GPU-hours short no more than the fixed topology's plus 0.1 % of
-production's busy GPU-hours; at most 5 flex evictions per minute at any time.
+The product's goals on these figures: ``runtime.sim.goals``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -51,7 +48,7 @@ from numpy.typing import NDArray
 from policy.base import duration_seconds
 from policy.pool import PoolPolicy
 from runtime.sim.classes import ClassTotals
-from runtime.sim.cluster import Waiting
+from runtime.sim.cluster_objects import Waiting
 from runtime.sim.engine import Replay, preserves_kv
 
 
@@ -351,7 +348,6 @@ def summarize(replay: Replay, policy: PoolPolicy, *, reserve_gpus: int = 0) -> S
     """``replay``'s figures; ``reserve_gpus`` splits its unallocated GPUs into the reserve
     and the rest (``HarvestLosses``)."""
     s, dt = replay.series, replay.step_s
-    hours = len(s.t) * dt / 3600
     seconds = max(len(s.t) * dt, dt)
     flex_tokens = int(s.array("flex_tokens").sum())
     flex_running = s.array("flex_running_gpus")
@@ -363,17 +359,11 @@ def summarize(replay: Replay, policy: PoolPolicy, *, reserve_gpus: int = 0) -> S
     total_h = gpu_hours(total, dt)
     harvested = gpu_hours(flex_running, dt)
     bound = gpu_hours(harvest_bound(total, prod_busy), dt)
-    window = max(1, round(duration_seconds(policy.metrics.rate_window) / dt))
-    evictions = s.array("evictions")
-    per_minute = np.convolve(evictions, np.ones(window), mode="full")[: evictions.size] / (
-        window * dt / 60
-    )
-    hits = sum(t.hit_tokens for t in replay.fleets.values())
-    queries = sum(t.query_tokens for t in replay.fleets.values())
+    per_minute = _evictions_per_minute(replay, policy)
     pending = s.array("prod_pending")
     return Summary(
         name=replay.name,
-        hours=hours,
+        hours=len(s.t) * dt / 3600,
         useful_gpu_h=useful,
         cluster_duty_cycle=useful / total_h if total_h else 0.0,
         total_gpu_h=total_h,
@@ -388,168 +378,76 @@ def summarize(replay: Replay, policy: PoolPolicy, *, reserve_gpus: int = 0) -> S
         prod_short_gpu_h=gpu_hours((prod_busy - served).clip(0), dt),
         prod_unmet_pod_minutes=float(pending.sum() * dt / 60),
         prod_unmet_max_pods=int(pending.max(initial=0)),
-        prod_pending_pod_minutes={
-            cause.value: float(sum(s.prod_pending_by_cause.get(cause, ())) * dt / 60)
-            for cause in Waiting
-        },
+        prod_pending_pod_minutes=_pending_by_cause(replay),
         evictions_per_minute_mean=float(per_minute.mean()) if per_minute.size else 0.0,
         evictions_per_minute_max=float(per_minute.max(initial=0.0)),
-        evictions_total=int(evictions.sum()),
+        evictions_total=int(s.array("evictions").sum()),
         flex_tokens_per_s=flex_tokens / seconds,
         flex_tokens=flex_tokens,
         flex_capped_h={name: sum(steps) * dt / 3600 for name, steps in s.capped.items()},
-        kv_hit_rate=hits / queries if queries else None,
+        kv_hit_rate=_kv_hit_rate(replay),
         kv_tokens_lost=float(sum(t.kv_tokens_lost for t in replay.fleets.values())),
         kv_tier=kv_tier(replay, policy),
         allocation_share=_means(s.alloc_by_pool),
         duty_cycle=_means(s.util_by_pool),
         flex_duty_cycle=float(flex_busy.sum() / flex_running.sum() if flex_running.sum() else 0.0),
-        requests={
-            name: Requests(t.arrived, t.completed, t.outstanding, t.dropped)
-            for name, t in replay.fleets.items()
-        },
-        checks={
-            "flex_pods_pending_max": float(s.array("flex_pending").max(initial=0)),
-            "flex_budget_beyond_pool_gpus_max": float(s.array("budget_over_free").max(initial=0)),
-            "flex_self_shed_minutes": float(s.array("self_shed").sum() * dt / 60),
-            "prod_waited_while_flex_ran_pod_minutes": float(
-                (pending * (flex_running > 0)).sum() * dt / 60
-            ),
-            "prod_wait_max_s": float(s.array("prod_wait_max_s").max(initial=0.0)),
-            # Preempted flex pods exit within their shutdown budget; the loop binds the
-            # production pod at the next step.
-            "prod_wait_bound_s": policy.disruption.shutdown_budget_s + dt,
-        },
+        requests=_requests(replay),
+        checks=_checks(replay, policy),
         traffic_classes=class_figures(replay),
     )
 
 
+def _evictions_per_minute(replay: Replay, policy: PoolPolicy) -> NDArray[np.floating[Any]]:
+    """Per step: flex evictions per minute over the policy's rate window, as the eviction
+    alert counts them."""
+    dt = replay.step_s
+    window = max(1, round(duration_seconds(policy.metrics.rate_window) / dt))
+    evictions = replay.series.array("evictions")
+    in_window = np.convolve(evictions, np.ones(window), mode="full")[: evictions.size]
+    return in_window / (window * dt / 60)
+
+
+def _pending_by_cause(replay: Replay) -> dict[str, float]:
+    """Production pod-minutes pending by ``Waiting`` cause."""
+    s, dt = replay.series, replay.step_s
+    return {
+        cause.value: float(sum(s.prod_pending_by_cause.get(cause, ())) * dt / 60)
+        for cause in Waiting
+    }
+
+
+def _kv_hit_rate(replay: Replay) -> float | None:
+    """Prefix-cache hit tokens per queried prompt token; None where nothing was queried."""
+    hits = sum(t.hit_tokens for t in replay.fleets.values())
+    queries = sum(t.query_tokens for t in replay.fleets.values())
+    return hits / queries if queries else None
+
+
+def _requests(replay: Replay) -> dict[str, Requests]:
+    return {
+        name: Requests(t.arrived, t.completed, t.outstanding, t.dropped)
+        for name, t in replay.fleets.items()
+    }
+
+
+def _checks(replay: Replay, policy: PoolPolicy) -> dict[str, float]:
+    """The closed-loop properties (``Summary.checks``)."""
+    s, dt = replay.series, replay.step_s
+    pending = s.array("prod_pending")
+    flex_running = s.array("flex_running_gpus")
+    return {
+        "flex_pods_pending_max": float(s.array("flex_pending").max(initial=0)),
+        "flex_budget_beyond_pool_gpus_max": float(s.array("budget_over_free").max(initial=0)),
+        "flex_self_shed_minutes": float(s.array("self_shed").sum() * dt / 60),
+        "prod_waited_while_flex_ran_pod_minutes": float(
+            (pending * (flex_running > 0)).sum() * dt / 60
+        ),
+        "prod_wait_max_s": float(s.array("prod_wait_max_s").max(initial=0.0)),
+        # Preempted flex pods exit within their shutdown budget; the loop binds the
+        # production pod at the next step.
+        "prod_wait_bound_s": policy.disruption.shutdown_budget_s + dt,
+    }
+
+
 def _means(series: dict[str, list[float]]) -> dict[str, float]:
     return {pool: float(np.mean(v)) if v else 0.0 for pool, v in series.items()}
-
-
-MIN_USEFUL_RATIO = 2.5
-"""Pooled over fixed useful GPU-hours, where the fixed topology leaves the cluster idle."""
-USEFUL_RATIO_WHERE_DUTY_AT_MOST = 0.30
-"""The useful GPU-hours goal applies where the fixed topology's cluster duty cycle is at
-most this (a busier cluster has less idle time to win back)."""
-MIN_HARVEST_EFFICIENCY = 0.85
-PROD_SHORT_ALLOWANCE = 0.001
-"""Production may be short its fixed-topology GPU-hours plus this share of its busy ones."""
-MAX_EVICTIONS_PER_MINUTE = 5.0
-
-
-def prod_short_allowed(pooled: Summary, fixed: Summary) -> float:
-    """The busy GPU-hours production may be short in the pooled replay and count unharmed:
-    the fixed topology's plus ``PROD_SHORT_ALLOWANCE`` of production's busy GPU-hours."""
-    return fixed.prod_short_gpu_h + PROD_SHORT_ALLOWANCE * pooled.prod_busy_gpu_h
-
-
-def production_unharmed(pooled: Summary, fixed: Summary) -> bool:
-    """Whether pooling left production no shorter than the goal allows."""
-    return pooled.prod_short_gpu_h <= prod_short_allowed(pooled, fixed)
-
-
-@dataclass(frozen=True)
-class Goal:
-    """One product goal as this replay scored it; ``met`` is None where it does not apply."""
-
-    name: str
-    target: str
-    value: str
-    met: bool | None
-    cause: str | None = None
-    """Why it was MISSED and what would change that (None unless missed)."""
-
-
-HARVEST_REMEDIES = {
-    "production_headroom": "production's replicas hold GPUs beyond their busy share (its HPA "
-    "target, replica size, min_replicas), which whole-GPU pooling cannot lend",
-    "reserve": "the pools' reserves keep them free (lower reserve_ratio or the slot reserve)",
-    "other_free": "unallocated GPUs flex's budget or HPA did not take (flex max_replicas, "
-    "the elastic thresholds)",
-    "flex_starting": "flex replicas starting or stopping (pod start-up time)",
-}
-"""``HarvestLosses`` field -> what holds those GPU-hours back, and the lever."""
-
-
-def _harvest_cause(pooled: Summary) -> str:
-    lost = asdict(pooled.harvest_lost)
-    largest = max(lost, key=lambda k: lost[k])
-    return f"{lost[largest]:,.0f} GPU-h of the bound: {HARVEST_REMEDIES[largest]}"
-
-
-def _useful_cause(pooled: Summary, fixed: Summary) -> str:
-    return (
-        f"flex held {pooled.harvested_gpu_h:,.1f} GPU-h and kept them busy "
-        f"{pooled.flex_duty_cycle:.0%} of the time ({pooled.flex_busy_gpu_h:,.1f} useful "
-        f"GPU-h over the fixed topology's {fixed.useful_gpu_h:,.1f}): flex's offered work is "
-        "the limit; a batch backlog (--backlog) fills idle flex GPUs"
-    )
-
-
-def _short_cause(pooled: Summary) -> str:
-    waited = pooled.prod_pending_pod_minutes
-    worst = max(waited, key=lambda k: waited[k], default=Waiting.CAPACITY.value)
-    why = {
-        Waiting.PREEMPTION.value: "waiting for preempted flex pods to exit (a shorter flex "
-        "drain, or a larger reserve)",
-        Waiting.FRAGMENTED.value: "free GPUs on no single node (a slot reserve keeps whole "
-        "replicas' room)",
-        Waiting.CAPACITY.value: "too few free GPUs (a larger reserve, or flex shedding sooner)",
-    }[worst]
-    return f"production pods pending {sum(waited.values()):,.1f} pod-minutes, mostly {why}"
-
-
-def _evictions_cause(pooled: Summary) -> str:
-    return (
-        f"production took GPUs back from {pooled.evictions_total:,} flex pods: a larger reserve "
-        "or slower flex growth (elastic thresholds) evicts fewer"
-    )
-
-
-def goals(pooled: Summary, fixed: Summary, useful_gpu_h_ratio: float) -> tuple[Goal, ...]:
-    """The product's goals on the pooled replay against the fixed topology (module
-    docstring)."""
-    applies = fixed.cluster_duty_cycle <= USEFUL_RATIO_WHERE_DUTY_AT_MOST
-    allowed = prod_short_allowed(pooled, fixed)
-    efficiency = pooled.harvest_efficiency
-    useful = useful_gpu_h_ratio >= MIN_USEFUL_RATIO if applies else None
-    harvest = None if efficiency is None else efficiency >= MIN_HARVEST_EFFICIENCY
-    unharmed = production_unharmed(pooled, fixed)
-    calm = pooled.evictions_per_minute_max <= MAX_EVICTIONS_PER_MINUTE
-    return (
-        Goal(
-            "useful GPU-hours, pooled / fixed",
-            f">= {MIN_USEFUL_RATIO:g}x where the fixed topology's cluster duty cycle is at most "
-            f"{USEFUL_RATIO_WHERE_DUTY_AT_MOST:.0%}",
-            f"{useful_gpu_h_ratio:.2f}x (fixed duty cycle {fixed.cluster_duty_cycle:.1%})",
-            useful,
-            _useful_cause(pooled, fixed) if useful is False else None,
-        ),
-        Goal(
-            "harvest efficiency",
-            f">= {MIN_HARVEST_EFFICIENCY:g} of the bound",
-            "n/a (no GPU-hours to harvest)"
-            if efficiency is None
-            else f"{efficiency:.3f} (GPU-h of the bound not harvested: "
-            f"{pooled.harvest_lost.largest()})",
-            harvest,
-            _harvest_cause(pooled) if harvest is False else None,
-        ),
-        Goal(
-            "production busy GPU-hours short",
-            f"<= the fixed topology's + {PROD_SHORT_ALLOWANCE:.1%} of production's busy GPU-h",
-            f"{pooled.prod_short_gpu_h:,.2f} (fixed {fixed.prod_short_gpu_h:,.2f}, "
-            f"allowed {allowed:,.2f})",
-            unharmed,
-            None if unharmed else _short_cause(pooled),
-        ),
-        Goal(
-            "flex evictions per minute (max)",
-            f"<= {MAX_EVICTIONS_PER_MINUTE:g}",
-            f"{pooled.evictions_per_minute_max:.2f}",
-            calm,
-            None if calm else _evictions_cause(pooled),
-        ),
-    )

@@ -67,46 +67,34 @@ aiconfigurator-core logs two notices per database load that concern neither vLLM
 models ("Loading low-fidelity fallback rows ..." for other frameworks' tables, and
 "resolve_attention_lane_order: ..." where it has no default vLLM attention kernel for the GPU,
 a100_sxm and l40s); a filter on those two loggers drops exactly them.
+
+The database side is ``runtime.sim.service_database``; the tables and their lookup are
+``runtime.sim.service_tables``.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
-import json
-import logging
 import re
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
-from typing import Any
+from functools import lru_cache
 
 import numpy as np
-from numpy.typing import NDArray
 
-from runtime.vllm.model_spec import (
-    ModelConfigError,
-    ModelSpec,
-    parse_model_config,
-    read_model_config,
+from runtime.sim.service_database import (
+    DATABASE_BACKEND,
+    DATABASE_PACKAGE,
+    config_text,
+    database_model,
+    database_tables,
+    database_version,
 )
+from runtime.sim.service_tables import Array, StepTables, Values, tabulate
+from runtime.vllm.model_spec import ModelSpec
 
-Array = NDArray[np.float64]
-Values = NDArray[Any] | float
-"""What the lookups accept: a number or an array of any real dtype (token counts are ints)."""
-
-DATABASE_PACKAGE = "aiconfigurator-core"
-DATABASE_BACKEND = "vllm"
 MFU = 0.5
 """Roofline: fraction of dense bf16 peak a GEMM-bound forward reaches."""
 MBU = 0.7
 """Roofline: fraction of HBM bandwidth a weight- or KV-bound decode step reaches."""
-MAX_BATCH_GRID = 512
-"""Largest decode batch tabulated; larger batches extrapolate the last segment."""
-MIN_CONTEXT_GRID = 128
-MIN_PREFILL_GRID = 16
 
 
 class ServiceTimeError(ValueError):
@@ -176,90 +164,6 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
 
 
 @dataclass(frozen=True)
-class StepTables:
-    """Latency tables (seconds) on their grids; read-only arrays shared by every user."""
-
-    batch: Array
-    context: Array
-    tokens: Array
-    decode_s: Array
-    """``decode_s[i, j]``: one decode step of ``batch[i]`` sequences at context ``context[j]``."""
-    prefill_s: Array
-    """``prefill_s[k]``: prefill of a ``tokens[k]``-token prompt at batch 1."""
-    lookup: _Lookup = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lookup", _Lookup.of(self))
-
-
-@dataclass(frozen=True)
-class _Lookup:
-    """The tables prepared for numpy-only lookups.
-
-    Each axis gets a far sentinel point whose values continue the last segment, so that
-    ``np.interp`` (which clamps) extrapolates linearly past the grid and clamps below it. A
-    decode query's fractional cell index comes from ``np.interp`` over the axis positions; the
-    bilinear form ``base + u d_batch + v (d_context + u twist)`` of every cell is precomputed
-    (flattened), so a lookup is two ``interp`` and four ``take`` calls.
-    """
-
-    tokens: Array
-    prefill_s: Array
-    batch: Array
-    context: Array
-    batch_positions: Array
-    context_positions: Array
-    cells_per_row: int
-    last_batch_cell: int
-    last_context_cell: int
-    base: Array
-    d_batch: Array
-    d_context: Array
-    twist: Array
-
-    @classmethod
-    def of(cls, tables: StepTables) -> _Lookup:
-        tokens, prefill = _extend(tables.tokens, tables.prefill_s, axis=0)
-        batch, d = _extend(tables.batch, tables.decode_s, axis=0)
-        context, d = _extend(tables.context, d, axis=1)
-        d00, d10, d01, d11 = d[:-1, :-1], d[1:, :-1], d[:-1, 1:], d[1:, 1:]
-        arrays = [
-            np.ascontiguousarray(a, dtype=np.float64).ravel()
-            for a in (d00, d10 - d00, d01 - d00, d11 - d10 - d01 + d00)
-        ]
-        batch_positions = np.arange(batch.size, dtype=np.float64)
-        context_positions = np.arange(context.size, dtype=np.float64)
-        for array in (tokens, prefill, batch, context, batch_positions, context_positions, *arrays):
-            array.setflags(write=False)
-        return cls(
-            tokens,
-            prefill,
-            batch,
-            context,
-            batch_positions,
-            context_positions,
-            context.size - 1,
-            batch.size - 2,
-            context.size - 2,
-            *arrays,
-        )
-
-
-SENTINEL_FACTOR = 2.0**20
-"""The sentinel sits this many times past an axis' last point (extrapolation ends there)."""
-
-
-def _extend(grid: Array, values: Array, *, axis: int) -> tuple[Array, Array]:
-    """Append the sentinel to ``grid`` and the last segment's linear continuation to ``values``
-    along ``axis``."""
-    far = grid[-1] * SENTINEL_FACTOR
-    last = np.take(values, [-1], axis=axis)
-    slope = (last - np.take(values, [-2], axis=axis)) / (grid[-1] - grid[-2])
-    extended = np.concatenate([values, last + slope * (far - grid[-1])], axis=axis)
-    return np.append(grid, far), extended
-
-
-@dataclass(frozen=True)
 class ServiceModel:
     """Step latencies of one model on one GPU type under vLLM, as lookup tables."""
 
@@ -317,40 +221,45 @@ def service_model(
             f"{model_id} on {gpu_product}: tp ({tp}) and max_context ({max_context}) must be >= 1"
         )
     gpu = gpu_spec(gpu_product, model_id=model_id)
-    reason = f"no vLLM data for {gpu.name} in {DATABASE_PACKAGE}"
-    if gpu.system is not None:
-        version = _database_version()
-        if version is None:
-            reason = f"{DATABASE_PACKAGE} is not installed"
-        else:
-            db_name = database_model(model_id, spec)
-            config = _config_text(spec) if db_name is None else None
-            if db_name is None and config is None:
-                reason = (
-                    f"{DATABASE_PACKAGE} has no model {model_id!r} and the spec's config "
-                    f"{spec.source!r} is not a readable file"
-                )
-            else:
-                ref = db_name if db_name is not None else f"config {spec.source}"
-                tables = _database_tables(gpu.system, db_name, config, tp, max_context)
-                if isinstance(tables, str):
-                    reason = f"{DATABASE_PACKAGE} failed for {ref}: {tables}"
-                else:
-                    return ServiceModel(
-                        source=f"{DATABASE_PACKAGE} {version} ({gpu.system}, "
-                        f"{DATABASE_BACKEND}, {ref}, tp={tp})",
-                        fallback=False,
-                        gpu=gpu_product,
-                        model=model_id,
-                        tables=tables,
-                    )
+    found = _from_database(gpu, gpu_product, model_id, spec, tp, max_context)
+    if isinstance(found, ServiceModel):
+        return found
     return roofline_model(
         gpu_product=gpu_product,
         model_id=model_id,
         spec=spec,
         tp=tp,
         max_context=max_context,
-        reason=reason,
+        reason=found,
+    )
+
+
+def _from_database(
+    gpu: GpuSpec, gpu_product: str, model_id: str, spec: ModelSpec, tp: int, max_context: int
+) -> ServiceModel | str:
+    """The database's service model, or why it has none (the roofline's ``reason``)."""
+    if gpu.system is None:
+        return f"no vLLM data for {gpu.name} in {DATABASE_PACKAGE}"
+    version = database_version()
+    if version is None:
+        return f"{DATABASE_PACKAGE} is not installed"
+    db_name = database_model(model_id, spec)
+    config = config_text(spec) if db_name is None else None
+    if db_name is None and config is None:
+        return (
+            f"{DATABASE_PACKAGE} has no model {model_id!r} and the spec's config "
+            f"{spec.source!r} is not a readable file"
+        )
+    ref = db_name if db_name is not None else f"config {spec.source}"
+    tables = database_tables(gpu.system, db_name, config, tp, max_context)
+    if isinstance(tables, str):
+        return f"{DATABASE_PACKAGE} failed for {ref}: {tables}"
+    return ServiceModel(
+        source=f"{DATABASE_PACKAGE} {version} ({gpu.system}, {DATABASE_BACKEND}, {ref}, tp={tp})",
+        fallback=False,
+        gpu=gpu_product,
+        model=model_id,
+        tables=tables,
     )
 
 
@@ -392,138 +301,7 @@ def gpu_spec(gpu_product: str, *, model_id: str = "") -> GpuSpec:
     )
 
 
-def database_model(model_id: str, spec: ModelSpec | None = None) -> str | None:
-    """The aiconfigurator-core model whose normalised name is ``model_id``'s, or None.
-
-    With ``spec``, a candidate counts only when its packaged config has the same shape (layers,
-    heads, KV heads, head width, MLA, dtype, parameters within 1 %)."""
-    key = _normalise(model_id)
-    org = model_id.split("/")[0].lower() if "/" in model_id else ""
-    candidates = sorted(
-        _database_models().get(key, ()), key=lambda name: name.split("/")[0].lower() != org
-    )
-    for name in candidates:
-        if spec is None or _same_shape(spec, _database_spec(name)):
-            return name
-    return None
-
-
-def _normalise(model_id: str) -> str:
-    name = model_id.rstrip("/").rsplit("/", 1)[-1].lower()
-    name = re.sub(r"^meta-(?=llama)", "", name)
-    return re.sub(r"-(instruct|chat|base|it|hf)(?=-|$)", "", name)
-
-
-@functools.cache
-def _database_version() -> str | None:
-    try:
-        return importlib.metadata.version(DATABASE_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _model_configs() -> Path:
-    return Path(str(resources.files("aiconfigurator_core") / "model_configs"))
-
-
-@functools.cache
-def _database_models() -> dict[str, tuple[str, ...]]:
-    """Normalised name -> packaged models (only those with a config the package ships: any
-    other name makes aiconfigurator-core download from Hugging Face)."""
-    if _database_version() is None:
-        return {}
-    from aiconfigurator_core.sdk.common import DefaultHFModels
-
-    folder = _model_configs()
-    table: dict[str, list[str]] = {}
-    for name in sorted(DefaultHFModels):
-        if (folder / f"{name.replace('/', '--')}_config.json").is_file():
-            table.setdefault(_normalise(name), []).append(name)
-    return {key: tuple(names) for key, names in table.items()}
-
-
-@functools.cache
-def _database_spec(name: str) -> ModelSpec | None:
-    path = _model_configs() / f"{name.replace('/', '--')}_config.json"
-    try:
-        return parse_model_config(json.loads(path.read_text(encoding="utf-8")), str(path))
-    except (OSError, ValueError, ModelConfigError):
-        return None
-
-
-def _same_shape(spec: ModelSpec, other: ModelSpec | None) -> bool:
-    if other is None:
-        return False
-    fields = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "mla", "dtype")
-    return all(getattr(spec, f) == getattr(other, f) for f in fields) and (
-        abs(spec.param_count - other.param_count) <= 0.01 * spec.param_count
-    )
-
-
-def _config_text(spec: ModelSpec) -> str | None:
-    """The ``config.json`` text the spec was read from, when ``spec.source`` is that file."""
-    path = Path(spec.source)
-    file = path / "config.json" if path.is_dir() else path
-    try:
-        return read_model_config(file)
-    except (OSError, ValueError):
-        return None
-
-
-class _QuietDatabase(logging.Filter):
-    """Drops aiconfigurator-core's per-load notices that say nothing about our models: the
-    "Loading low-fidelity fallback rows" of other frameworks' tables it loads with every
-    database, and "resolve_attention_lane_order: ..." (no framework-default attention kernel
-    for vLLM on a100_sxm / l40s: it ranks its measured kernels generically). Other warnings
-    pass."""
-
-    NOISE = ("Loading low-fidelity fallback rows", "resolve_attention_lane_order:")
-    LOGGERS = ("aiconfigurator_core.sdk.perf_database", "aiconfigurator_core.sdk.attention_lanes")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.NOISE)
-
-
-_QUIET = _QuietDatabase()
-
-
-def _quiet_database_logs() -> None:
-    for name in _QuietDatabase.LOGGERS:
-        logger = logging.getLogger(name)
-        if _QUIET not in logger.filters:
-            logger.addFilter(_QUIET)
-
-
-@functools.lru_cache(maxsize=64)
-def _database_tables(
-    system: str, db_name: str | None, config: str | None, tp: int, max_context: int
-) -> StepTables | str:
-    """Compile the model (a packaged name, or a ``config.json`` text) and sample the grid;
-    a one-line reason when the database cannot (cached too: failing costs seconds)."""
-    from aiconfigurator_core.sdk.engine import EngineHandle
-
-    _quiet_database_logs()
-    try:
-        if db_name is not None:
-            handle = EngineHandle.compile(db_name, system, DATABASE_BACKEND, tp_size=tp)
-        else:
-            assert config is not None
-            with tempfile.TemporaryDirectory(prefix="gpupool-model-") as folder:
-                (Path(folder) / "config.json").write_text(config, encoding="utf-8")
-                handle = EngineHandle.compile(folder, system, DATABASE_BACKEND, tp_size=tp)
-
-        def decode(b: float, c: float) -> float:
-            return handle.predict_decode_latency(int(b), int(c), 2) / 1e3
-
-        def prefill(n: float) -> float:
-            return handle.predict_prefill_latency(1, int(n)) / 1e3
-
-        return _tabulate(max_context, decode, prefill)
-    except Exception as exc:  # any rejection (architecture, tp, ...) means: use the roofline
-        return _one_line(exc)
-
-
-@functools.lru_cache(maxsize=64)
+@lru_cache(maxsize=64)
 def _roofline_tables(gpu: GpuSpec, spec: ModelSpec, tp: int, max_context: int) -> StepTables:
     flops = gpu.bf16_tflops * 1e12 * MFU
     bandwidth = gpu.hbm_gbps * 1e9 * MBU
@@ -537,42 +315,4 @@ def _roofline_tables(gpu: GpuSpec, spec: ModelSpec, tp: int, max_context: int) -
     def prefill(n: float) -> float:
         return 2 * params * n / flops + weights / (gpu.hbm_gbps * 1e9)
 
-    return _tabulate(max_context, decode, prefill)
-
-
-def _tabulate(
-    max_context: int,
-    decode: Callable[[float, float], float],
-    prefill: Callable[[float], float],
-) -> StepTables:
-    batch = _grid(1, MAX_BATCH_GRID)
-    context = _grid(min(MIN_CONTEXT_GRID, max_context), max_context)
-    tokens = _grid(min(MIN_PREFILL_GRID, max_context), max_context)
-    decode_s = np.array([[decode(b, c) for c in context] for b in batch], dtype=np.float64)
-    prefill_s = np.array([prefill(n) for n in tokens], dtype=np.float64)
-    # Measured data wobbles by up to ~1 %; queueing needs more work never to be faster.
-    decode_s = np.maximum.accumulate(np.maximum.accumulate(decode_s, axis=0), axis=1)
-    prefill_s = np.maximum.accumulate(prefill_s)
-    arrays = (batch, context, tokens, decode_s, prefill_s)
-    for array in arrays:
-        array.setflags(write=False)
-    return StepTables(*arrays)
-
-
-def _grid(low: int, high: int) -> Array:
-    """Powers of two from ``low`` and their x1.5 midpoints up to ``high`` (included); at least
-    two points."""
-    points: set[int] = set()
-    value = low
-    while value <= high:
-        points.update({value, value * 3 // 2} if value > 1 else {value})
-        value *= 2
-    points = {p for p in points if p <= high} | {high}
-    if len(points) < 2:
-        points.add(2 * high)
-    return np.array(sorted(points), dtype=np.float64)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
+    return tabulate(max_context, decode, prefill)

@@ -28,8 +28,9 @@ from runtime.sim.engine import (
     replay_fixed,
     replay_pooled,
 )
+from runtime.sim.goals import Goal, goals
 from runtime.sim.production import ProductionGroup, describe, need_gpus, production_groups
-from runtime.sim.report import Goal, Summary, goals, summarize
+from runtime.sim.report import Summary, summarize
 from runtime.sim.service_time import ServiceModel, service_model
 from runtime.sim.serving import Requests
 from runtime.sim.traces import FlexTrace, ProductionTrace

@@ -14,7 +14,8 @@ import random
 
 import pytest
 
-from runtime.sim.cluster import Cluster, Node, Phase, Pod, Waiting
+from runtime.sim.cluster import Cluster
+from runtime.sim.cluster_objects import Node, Phase, Pod, Waiting
 
 
 def _least_allocated(c: Cluster, pod: Pod, now: float) -> Node | None:

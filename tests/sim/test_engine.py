@@ -10,7 +10,8 @@ import pytest
 
 from infra.builders.workload import HpaTolerance
 from policy import PoolPolicy, load_policy, parse_policy
-from runtime.sim.cluster import Cluster, Node, Phase
+from runtime.sim.cluster import Cluster
+from runtime.sim.cluster_objects import Node, Phase
 from runtime.sim.engine import (
     FlexInput,
     Layout,

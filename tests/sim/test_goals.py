@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from policy import load_policy
-from runtime.sim.report import Summary, goals, summarize
+from runtime.sim.goals import goals
+from runtime.sim.report import Summary, summarize
 from tests.sim.test_engine import _flat, _run, _stream
 
 RATIO = "useful GPU-hours, pooled / fixed"

@@ -15,7 +15,8 @@ import numpy as np
 
 from policy import PoolPolicy, load_policy, parse_policy
 from runtime.sim.budget import ExporterView, NodeState, PodState, budget, own_reserve, spare
-from runtime.sim.cluster import Cluster, Node, Pod, Waiting
+from runtime.sim.cluster import Cluster
+from runtime.sim.cluster_objects import Node, Pod, Waiting
 from runtime.sim.engine import FlexInput, Layout, Replay, Settings, replay_pooled
 from runtime.sim.production import ProductionRule
 from runtime.sim.traces import ProductionTrace

@@ -21,8 +21,8 @@ from rich.console import Console
 from policy import DEFAULT_POLICY, PoolPolicy, load_policy
 from runtime.cli import whatif_commands
 from runtime.cli.whatif_options import OutputPaths
-from runtime.sim import markdown, output
-from runtime.sim.cluster import Waiting
+from runtime.sim import class_text, markdown, output
+from runtime.sim.cluster_objects import Waiting
 from runtime.sim.engine import Layout, Replay, Series
 from runtime.sim.options import DEMO, build_whatif
 from runtime.sim.report import ClassFigures, summarize
@@ -384,7 +384,7 @@ def test_the_class_table_keeps_every_value_whole_at_80_columns(
     text = out.getvalue()
     assert "…" not in text
     assert max(len(line) for line in text.splitlines()) <= 80
-    for row in markdown.class_rows(result.pooled, result.fixed):
+    for row in class_text.class_rows(result.pooled, result.fixed):
         for token in " ".join(row).split():
             assert token in text, token
 

@@ -21,18 +21,20 @@ import pytest
 from infra.builders.production import autoscaler as production_autoscaler
 from infra.builders.workload import autoscaler
 from policy import PoolPolicy, load_policy
+from policy.quantity import parse_quantity
 from runtime.sim.hpa import (
-    DEFAULT_SCALE_DOWN_POLICIES,
-    DEFAULT_SCALE_UP_POLICIES,
     SYNC_PERIOD_S,
-    HpaSpec,
     HpaState,
     Recommendation,
     ScaleEvent,
-    ScalingPolicy,
     external_metric_milli,
-    parse_quantity,
     reconcile,
+)
+from runtime.sim.hpa_spec import (
+    DEFAULT_SCALE_DOWN_POLICIES,
+    DEFAULT_SCALE_UP_POLICIES,
+    HpaSpec,
+    ScalingPolicy,
 )
 
 Step = tuple[float, float | None, int]

@@ -13,13 +13,13 @@ import pytest
 import yaml
 from aiconfigurator_core.sdk.engine import EngineHandle
 
+from runtime.sim.service_database import database_model
 from runtime.sim.service_time import (
     GPU_SPECS,
     MBU,
     MFU,
     ServiceModel,
     ServiceTimeError,
-    database_model,
     gpu_spec,
     roofline_model,
     service_model,

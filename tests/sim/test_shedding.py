@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from policy import PoolPolicy, load_policy, parse_policy
 from runtime.cli.app import app
+from runtime.sim.class_text import CLASS_COLUMNS, class_lines, class_rows
 from runtime.sim.classes import (
     ClassPlan,
     Detector,
@@ -32,7 +33,6 @@ from runtime.sim.classes import (
     pool_saturation,
 )
 from runtime.sim.engine import FlexInput, Layout, Replay, Settings, replay_fixed, replay_pooled
-from runtime.sim.markdown import CLASS_COLUMNS, class_lines, class_rows
 from runtime.sim.options import _split
 from runtime.sim.report import summarize
 from runtime.sim.serving import Admission, Fleet, Requests, StepLatencies
