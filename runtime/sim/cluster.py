@@ -34,13 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from runtime.sim.cluster_index import NodeClass, OwnerPods, PoolIndex
-
-# engine.py imports these from here.
-from runtime.sim.cluster_objects import Eviction as Eviction
-from runtime.sim.cluster_objects import Node as Node
-from runtime.sim.cluster_objects import Phase as Phase
-from runtime.sim.cluster_objects import Pod as Pod
-from runtime.sim.cluster_objects import Waiting as Waiting
+from runtime.sim.cluster_objects import Eviction, Node, Phase, Pod, Waiting
 
 
 @dataclass

@@ -62,9 +62,11 @@ from runtime.sim.classes import (
     pool_saturation,
     record_shed,
 )
-from runtime.sim.cluster import Cluster, Eviction, Node, Phase, Pod, Waiting
+from runtime.sim.cluster import Cluster
+from runtime.sim.cluster_objects import Eviction, Node, Phase, Pod, Waiting
 from runtime.sim.counts import TokenCounts
-from runtime.sim.hpa import HpaSpec, HpaState, PodSample, reconcile
+from runtime.sim.hpa import HpaState, PodSample, reconcile
+from runtime.sim.hpa_spec import HpaSpec
 from runtime.sim.production import ProductionGroup, ProductionRule, production_groups
 from runtime.sim.serving import (
     Admission,

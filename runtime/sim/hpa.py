@@ -46,8 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from runtime.sim.hpa_spec import PODS_METRIC, ScalingPolicy, SelectPolicy
-from runtime.sim.hpa_spec import HpaSpec as HpaSpec  # engine.py imports it from here
+from runtime.sim.hpa_spec import PODS_METRIC, HpaSpec, ScalingPolicy, SelectPolicy
 
 SYNC_PERIOD_S: Final = 15
 """``--horizontal-pod-autoscaler-sync-period`` default: how often the controller syncs an HPA."""
