@@ -35,7 +35,7 @@ from infra.builders.workload import HPA_TOLERANCES
 from policy import DEFAULT_POLICY, PoolPolicy, load_policy, parse_policy
 from runtime.advise.levers import grid, parse_vary
 from runtime.advise.sweep import variant_document
-from runtime.sim.engine import Settings
+from runtime.sim.replay_model import Settings
 from runtime.sim.traces import (
     ProductionTrace,
     bundled,

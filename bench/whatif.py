@@ -16,8 +16,8 @@ import os
 import time
 
 from policy import DEFAULT_POLICY, load_policy, parse_policy
-from runtime.sim.engine import Settings
 from runtime.sim.production import ProductionRule
+from runtime.sim.replay_model import Settings
 from runtime.sim.traces import ProductionTrace, bundled, diurnal, load_flex_trace
 from runtime.sim.whatif import Demand, WhatIf, run
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 @dataclass
 class TokenCounts:
     """What a fleet served: one step's (``serving.StepResult``) or a replay's running totals
-    (``engine.FleetTotals``); both are this type, so adding one to the other is ``add``."""
+    (``replay_model.FleetTotals``); both are this type, so adding one to the other is ``add``."""
 
     completed: int = 0
     output_tokens: int = 0

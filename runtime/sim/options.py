@@ -10,8 +10,8 @@ from infra.builders.nodepools import Target
 from infra.builders.workload import HpaTolerance
 from policy import PoolPolicy
 from policy.base import duration_seconds
-from runtime.sim.engine import Settings
 from runtime.sim.production import ProductionRule, RuleMode
+from runtime.sim.replay_model import Settings
 from runtime.sim.traces import (
     FlexTrace,
     ProductionTrace,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from runtime.sim.engine import Replay
+from runtime.sim.replay_model import Replay
 from runtime.sim.report import Summary
 from runtime.sim.whatif import Result
 

@@ -49,7 +49,8 @@ from policy.base import duration_seconds
 from policy.pool import PoolPolicy
 from runtime.sim.classes import ClassTotals
 from runtime.sim.cluster_objects import Waiting
-from runtime.sim.engine import Replay, preserves_kv
+from runtime.sim.fleet_pools import preserves_kv
+from runtime.sim.replay_model import Replay
 
 
 @dataclass(frozen=True)

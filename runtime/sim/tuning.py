@@ -1,7 +1,7 @@
 """The tuner in the what-if loop (``gpupool whatif --tuner``): the real decisions, fed the
 replay's own exporter view, merged after a review delay.
 
-At every budget evaluation the replay hands its state (``engine.LoopState``) to
+At every budget evaluation the replay hands its state (``replay_model.LoopState``) to
 ``TunerLoop.observe``. ``recorded`` (pure) turns that state into what the shipped recording
 rules of the tuner's series (``signals.SIGNALS``) would record at that instant: the same
 names and label sets Prometheus returns to ``runtime.tuner.prometheus.fetch_snapshot``.
@@ -14,7 +14,7 @@ reviews and merges the pull request); it is then applied to the policy in force 
 again. A proposal whose "before" values no longer match the policy (another change was merged
 first: a conflict), or that the policy's invariants or the vLLM plan refuse, is recorded as
 refused and changes nothing. The replay adopts a merged policy from its next step
-(``engine._PooledLoop.adopt``).
+(``pooled_loop.PooledLoop.adopt``).
 
 What the replay does not know it does not report: hit rates exist only for requests with
 block hashes (Mooncake), vLLM labels other than ``namespace``, ``pod``, the workload label
@@ -35,7 +35,7 @@ from policy.base import duration_seconds
 from runtime.metrics import catalogue
 from runtime.metrics.evictions import canonical_reason, canonical_reasons
 from runtime.sim.budget import headroom, production_utilization
-from runtime.sim.engine import LoopState, Replay, Retune
+from runtime.sim.replay_model import LoopState, Replay, Retune
 from runtime.tuner.decisions import decide
 from runtime.tuner.levers import apply_changes
 from runtime.tuner.proposals import Change, NoOp, Proposal, TunerState
@@ -260,7 +260,7 @@ def merge(
 
 class TunerLoop:
     """The tuner's cycles on the replay's recorded series (module docstring); ``observe`` is
-    the replay's ``engine.Tuning``."""
+    the replay's ``replay_model.Tuning``."""
 
     def __init__(self, config: TunerConfig, models: Mapping[str, ModelSpec]) -> None:
         self.settings = config.settings

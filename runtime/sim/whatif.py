@@ -19,17 +19,10 @@ from numpy.typing import NDArray
 from policy.pool import PoolPolicy
 from policy.workloads import FlexWorkload
 from runtime.sim.classes import ClassError, ClassPlan, ProductionDemand, Route, route
-from runtime.sim.engine import (
-    FlexInput,
-    Layout,
-    Progress,
-    Replay,
-    Settings,
-    replay_fixed,
-    replay_pooled,
-)
+from runtime.sim.engine import replay_fixed, replay_pooled
 from runtime.sim.goals import Goal, goals
 from runtime.sim.production import ProductionGroup, describe, need_gpus, production_groups
+from runtime.sim.replay_model import FlexInput, Layout, Progress, Replay, Settings
 from runtime.sim.report import Summary, summarize
 from runtime.sim.service_time import ServiceModel, service_model
 from runtime.sim.serving import Requests

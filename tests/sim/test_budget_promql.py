@@ -12,7 +12,7 @@ one with a flex reserve (so the floor of each pool's reserve is exercised too), 
 with a reserve in production replica slots, a second flex pool and 4-GPU production pods
 beside 1-GPU flex pods on lending nodes (so free GPUs are fragmented and slots go missing).
 
-Without an observer the replay's budget reads the cluster's counters (``engine.Tallies``)
+Without an observer the replay's budget reads the cluster's counters (``exporter_view.Tallies``)
 instead of the view; every replay here checks the two equal at each evaluation.
 """
 
@@ -42,17 +42,11 @@ from runtime.sim.budget import (
     reserve,
     spare,
 )
-from runtime.sim.engine import (
-    FlexInput,
-    Layout,
-    Observer,
-    Series,
-    Settings,
-    Tallies,
-    _PooledLoop,
-    replay_pooled,
-)
+from runtime.sim.engine import replay_pooled
+from runtime.sim.exporter_view import Tallies
+from runtime.sim.pooled_loop import PooledLoop
 from runtime.sim.production import ProductionRule
+from runtime.sim.replay_model import FlexInput, Layout, Observer, Series, Settings
 from runtime.sim.serving import Requests
 from runtime.sim.traces import ProductionTrace, diurnal, load_production_trace
 from runtime.tuner import prometheus as prometheus_edge
@@ -395,7 +389,7 @@ def _replay_checked(replay: Replay, observe: Observer | None = None) -> Series:
         if observe is not None:
             observe(now, view)
 
-    loop = _PooledLoop(*replay, observe=check)
+    loop = PooledLoop(*replay, observe=check)
     for step in range(settings.steps):
         loop.step(step)
     assert seen == len(range(0, settings.steps, loop.eval_every))

@@ -12,15 +12,9 @@ from infra.builders.workload import HpaTolerance
 from policy import PoolPolicy, load_policy, parse_policy
 from runtime.sim.cluster import Cluster
 from runtime.sim.cluster_objects import Node, Phase
-from runtime.sim.engine import (
-    FlexInput,
-    Layout,
-    Replay,
-    Settings,
-    replay_fixed,
-    replay_pooled,
-)
+from runtime.sim.engine import replay_fixed, replay_pooled
 from runtime.sim.production import ProductionRule, need_gpus, production_groups
+from runtime.sim.replay_model import FlexInput, Layout, Replay, Settings
 from runtime.sim.report import summarize
 from runtime.sim.serving import Fleet, Requests
 from runtime.sim.traces import ProductionTrace, diurnal

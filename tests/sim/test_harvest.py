@@ -17,8 +17,9 @@ from policy import PoolPolicy, load_policy, parse_policy
 from runtime.sim.budget import ExporterView, NodeState, PodState, budget, own_reserve, spare
 from runtime.sim.cluster import Cluster
 from runtime.sim.cluster_objects import Node, Pod, Waiting
-from runtime.sim.engine import FlexInput, Layout, Replay, Settings, replay_pooled
+from runtime.sim.engine import replay_pooled
 from runtime.sim.production import ProductionRule
+from runtime.sim.replay_model import FlexInput, Layout, Replay, Settings
 from runtime.sim.traces import ProductionTrace
 from tests.sim.test_engine import Latencies, _flat, _stream
 

@@ -23,8 +23,8 @@ from runtime.cli import whatif_commands
 from runtime.cli.whatif_options import OutputPaths
 from runtime.sim import class_text, markdown, output
 from runtime.sim.cluster_objects import Waiting
-from runtime.sim.engine import Layout, Replay, Series
 from runtime.sim.options import DEMO, build_whatif
+from runtime.sim.replay_model import Layout, Replay, Series
 from runtime.sim.report import ClassFigures, summarize
 from runtime.sim.whatif import Result, run
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from policy import PoolPolicy, load_policy, parse_policy
-from runtime.sim import engine
-from runtime.sim.engine import FlexInput, Layout, Replay, Settings, replay_pooled
+from runtime.sim import fleet_pools
+from runtime.sim.engine import replay_pooled
 from runtime.sim.markdown import rows, tier_lines
+from runtime.sim.replay_model import FlexInput, Layout, Replay, Settings
 from runtime.sim.report import Summary, summarize
 from runtime.sim.serving import Array, Fleet, Requests
 from runtime.sim.traces import ProductionTrace, prefix_reuse
@@ -201,7 +202,7 @@ def test_the_counterfactual_leaves_the_replay_unchanged(
         return replay_pooled(policy, layout, trace, flex, settings)
 
     counted = run()
-    monkeypatch.setattr(engine, "Fleet", _ServedOnly)
+    monkeypatch.setattr(fleet_pools, "Fleet", _ServedOnly)
     plain = run()
     assert counted.series == plain.series
     a, b = summarize(counted, policy), summarize(plain, policy)

@@ -32,8 +32,9 @@ from runtime.sim.classes import (
     ProductionDemand,
     pool_saturation,
 )
-from runtime.sim.engine import FlexInput, Layout, Replay, Settings, replay_fixed, replay_pooled
+from runtime.sim.engine import replay_fixed, replay_pooled
 from runtime.sim.options import _split
+from runtime.sim.replay_model import FlexInput, Layout, Replay, Settings
 from runtime.sim.report import summarize
 from runtime.sim.serving import Admission, Fleet, Requests, StepLatencies
 from runtime.sim.traces import ProductionTrace

@@ -14,16 +14,9 @@ from policy import DEFAULT_POLICY, PoolPolicy, load_policy, parse_policy
 from policy.base import duration_seconds
 from runtime.metrics import catalogue
 from runtime.metrics.evictions import canonical_reasons
-from runtime.sim.engine import (
-    FlexInput,
-    Layout,
-    LoopState,
-    Replay,
-    Retune,
-    Settings,
-    replay_pooled,
-)
+from runtime.sim.engine import replay_pooled
 from runtime.sim.production import ProductionRule
+from runtime.sim.replay_model import FlexInput, Layout, LoopState, Replay, Retune, Settings
 from runtime.sim.report import summarize
 from runtime.sim.serving import Requests
 from runtime.sim.traces import ProductionTrace
