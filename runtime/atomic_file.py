@@ -23,27 +23,28 @@ an output whose folder cannot be written. docs/design/outputs.md has the reasons
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import fcntl
 import os
 import secrets
-import signal
 import stat
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from types import FrameType
+
+from runtime.fs_steps import (
+    exchange,
+    fsync_dir,
+    held_interrupts,
+    lock,
+    locked,
+    remove_tree,
+    replace_by_renames,
+)
 
 STAGING = ".gpupool-staging-"
 """Prefix of a staging folder (and 12 hex digits) beside the outputs."""
 _RECORD, _LEADER, _TREE = "commit", "leader", "tree"
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2  # linux/fs.h
-_UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
 _WRITTEN: list[Path] = []
 
 
@@ -156,14 +157,14 @@ def write_files(files: Mapping[Path, bytes], inputs: Iterable[Path] = ()) -> Non
             _create(staged, data, like=target, label=label)
             pairs.append((staged, target))
         for stage in stages.dirs.values():
-            _fsync_dir(stage)
+            fsync_dir(stage)
         if len(pairs) > 1:
             _write_record(stages.dirs[folders[0]], pairs)
         stages.commit(recorded=len(pairs) > 1)
         for staged, target in pairs:
             os.replace(staged, target)
         for folder in folders:
-            _fsync_dir(folder)
+            fsync_dir(folder)
     _WRITTEN.extend(label for label, _ in targets.values())
 
 
@@ -195,13 +196,13 @@ def write_folder(
         tree = stages.dirs[real.parent] / _TREE
         tree.mkdir()
         result = _build(tree, real, files, manifest=manifest, label=out)
-        _fsync_dir(stages.dirs[real.parent])
+        fsync_dir(stages.dirs[real.parent])
         stages.commit(recorded=False)  # a failed swap leaves the old folder, the new is dropped
         if not real.exists():
             os.rename(tree, real)
         elif not exchange(tree, real):
             replace_by_renames(tree, real)
-        _fsync_dir(real.parent)
+        fsync_dir(real.parent)
     _WRITTEN.append(out)
     return result
 
@@ -257,11 +258,11 @@ def clean_leftovers(folder: Path, *, legacy: str | None = None) -> None:
         )
         if not ours or entry.is_symlink() or not entry.is_dir():
             continue
-        with _locked(entry) as free:
+        with locked(entry) as free:
             if free and name.startswith(STAGING):
                 _recover(entry)
             elif free:
-                _remove_tree(entry)
+                remove_tree(entry)
 
 
 def _recover(stage: Path) -> None:
@@ -280,9 +281,9 @@ def _recover(stage: Path) -> None:
         if os.path.lexists(staged):
             os.replace(staged, target)
     for folder in {staged.parent for staged, _ in pairs} - {leader}:
-        _remove_tree(folder)
-    _remove_tree(leader if pairs else stage)
-    _remove_tree(stage)
+        remove_tree(folder)
+    remove_tree(leader if pairs else stage)
+    remove_tree(stage)
 
 
 @dataclass
@@ -297,7 +298,7 @@ class _Stages:
 
     def commit(self, *, recorded: bool) -> None:
         """From here on the set is new: SIGINT is noted, not raised, until the end."""
-        self.interrupted = self.hold.enter_context(_held_interrupts())
+        self.interrupted = self.hold.enter_context(held_interrupts())
         self.recorded = recorded
 
 
@@ -316,7 +317,7 @@ def _staging(folders: list[Path], made: list[Path]) -> Iterator[_Stages]:
                 stage = folder / f"{STAGING}{token}"
                 stage.mkdir()
                 stages.dirs[folder] = stage
-                locks.append(_lock(stage))
+                locks.append(lock(stage))
                 if folder != folders[0]:
                     leader = os.fsencode(stages.dirs[folders[0]])
                     _create(stage / _LEADER, leader, like=None)
@@ -324,7 +325,7 @@ def _staging(folders: list[Path], made: list[Path]) -> Iterator[_Stages]:
         except BaseException as exc:
             if not stages.recorded:
                 for stage in stages.dirs.values():
-                    _remove_tree(stage)
+                    remove_tree(stage)
                 for path in made:
                     with suppress(OSError):
                         path.rmdir()
@@ -338,7 +339,7 @@ def _staging(folders: list[Path], made: list[Path]) -> Iterator[_Stages]:
             raise
         else:
             for stage in stages.dirs.values():
-                _remove_tree(stage, stop=stages.interrupted)
+                remove_tree(stage, stop=stages.interrupted)
         finally:
             for fd in locks:
                 os.close(fd)
@@ -406,7 +407,7 @@ def _write_record(stage: Path, pairs: list[tuple[Path, Path]]) -> None:
     text = "".join(f"{staged}\t{target}\n" for staged, target in pairs)
     _create(stage / f"{_RECORD}.part", text.encode("utf-8"), like=None)
     os.rename(stage / f"{_RECORD}.part", stage / _RECORD)
-    _fsync_dir(stage)
+    fsync_dir(stage)
 
 
 def _build(
@@ -441,7 +442,7 @@ def _build(
         before = out / Path(root).relative_to(tree)
         if before.is_dir() and not before.is_symlink():
             os.chmod(root, stat.S_IMODE(before.stat().st_mode))
-        _fsync_dir(Path(root))
+        fsync_dir(Path(root))
     removed = sorted(n for n in previous - files.keys() if os.path.lexists(out / n))
     return FolderResult(written, unchanged, removed)
 
@@ -480,117 +481,3 @@ def _read_manifest(path: Path) -> set[str]:
         return set()
     names = {line.strip() for line in path.read_text(encoding="utf-8").splitlines()}
     return {n for n in names if n and not Path(n).is_absolute() and ".." not in Path(n).parts}
-
-
-def exchange(a: Path, b: Path) -> bool:
-    """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``).
-
-    False where the C library or the filesystem does not offer it (the caller falls back).
-    """
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError, TypeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
-    renameat2.argtypes += [ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in _UNSUPPORTED:
-        return False
-    raise OSError(code, os.strerror(code), str(b))
-
-
-def replace_by_renames(new: Path, out: Path) -> Path:
-    """The fallback swap: ``out`` aside, ``new`` in (``out`` briefly absent, never mixed).
-
-    Returns the path holding the old tree; puts it back if the second rename fails.
-    """
-    aside = new.with_name(new.name + ".old")
-    os.rename(out, aside)
-    try:
-        os.rename(new, out)
-    except BaseException:
-        os.rename(aside, out)
-        raise
-    return aside
-
-
-def _remove_tree(root: Path, stop: Callable[[], bool] = lambda: False) -> None:
-    """Remove ``root`` without leaving its filesystem: a folder on another device (a mount
-    point) and what it holds stay. ``stop``: give up early (the next run finishes)."""
-    try:
-        device = os.lstat(root).st_dev
-    except FileNotFoundError:
-        return
-    folders: list[str] = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if _same_device(Path(folder) / d, device)]
-        folders.append(folder)
-        for name in files + [d for d in dirs if os.path.islink(Path(folder) / d)]:
-            if stop():
-                return
-            with suppress(FileNotFoundError):
-                os.unlink(Path(folder) / name)
-    for folder in reversed(folders):
-        with suppress(OSError):
-            os.rmdir(folder)
-
-
-def _same_device(path: Path, device: int) -> bool:
-    try:
-        return os.lstat(path).st_dev == device and not os.path.ismount(path)
-    except OSError:
-        return False
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _lock(folder: Path) -> int:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
-
-
-@contextmanager
-def _locked(folder: Path) -> Iterator[bool]:
-    """Hold ``folder``'s lock; False where a live writer holds it."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        yield False
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def _held_interrupts() -> Iterator[Callable[[], bool]]:
-    """Hold SIGINT while the body runs (it is past the commit point): the signal is noted,
-    not raised, so the command finishes and exits 0. Yields "was one noted?"."""
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    noted: list[int] = []
-
-    def note(signum: int, _frame: FrameType | None) -> None:
-        noted.append(signum)
-
-    previous = signal.signal(signal.SIGINT, note)
-    try:
-        yield lambda: bool(noted)
-    finally:
-        signal.signal(signal.SIGINT, previous)

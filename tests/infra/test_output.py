@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from infra.output import MANIFEST, OutputError, write_documents
-from runtime.atomic_file import exchange, replace_by_renames
+from runtime.fs_steps import exchange, replace_by_renames
 
 OLD = {"kustomization.yaml": "resources: []\n", "ns/a.yaml": "a: 1\n", "ns/b.yaml": "b: 1\n"}
 NEW = {"kustomization.yaml": "resources: []\n", "ns/a.yaml": "a: 2\n", "other/c.yaml": "c: 1\n"}

@@ -163,7 +163,7 @@ def test_removing_a_tree_never_leaves_its_filesystem(tmp_path: Path) -> None:
     (tree / "sub/old.yaml").write_text("x")
     with tmpfs(tree / "sub/disk", size_kib=64) as disk:
         (disk / "precious").write_text("keep me")
-        atomic_file._remove_tree(tree)
+        atomic_file.remove_tree(tree)
         assert (disk / "precious").read_text() == "keep me"
         assert not (tree / "sub/old.yaml").exists()
 
@@ -221,7 +221,7 @@ def test_ctrl_c_after_the_swap_is_not_a_failure(
     out = tmp_path / "build"
     old = {f"ns/{i}.yaml": b"old" for i in range(50)}
     write_folder(out, old, manifest=MANIFEST, foreign=Foreign.KEEP)
-    real = atomic_file._remove_tree
+    real = atomic_file.remove_tree
     seen: list[Path] = []
 
     def interrupted(root: Path, **kwargs: object) -> None:
@@ -229,7 +229,7 @@ def test_ctrl_c_after_the_swap_is_not_a_failure(
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the old tree is removed
         real(root, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(atomic_file, "_remove_tree", interrupted)
+    monkeypatch.setattr(atomic_file, "remove_tree", interrupted)
     result = write_folder(out, {"a.yaml": b"new"}, manifest=MANIFEST, foreign=Foreign.KEEP)
     assert seen and result.written == ["a.yaml"]
     assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "a.yaml"]
