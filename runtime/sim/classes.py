@@ -39,7 +39,8 @@ from infra.builders.serving_pools import Pool, pools, served_model
 from policy.pool import PoolPolicy
 from policy.serving import Tier
 from policy.workloads import FlexWorkload
-from runtime.sim.serving import Admission, ClassCounts, Fleet, Requests, StepLatencies
+from runtime.sim.request_stream import Admission, ClassCounts, Requests, StepLatencies
+from runtime.sim.serving import Fleet
 
 
 class ClassError(ValueError):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass
 class TokenCounts:
-    """What a fleet served: one step's (``serving.StepResult``) or a replay's running totals
+    """What a fleet served: one step's (``request_stream.StepResult``) or a replay's running totals
     (``replay_model.FleetTotals``); both are this type, so adding one to the other is ``add``."""
 
     completed: int = 0

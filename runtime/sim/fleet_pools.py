@@ -19,10 +19,8 @@ from runtime.sim.classes import (
 )
 from runtime.sim.production import ProductionGroup
 from runtime.sim.replay_model import FleetTotals, FlexInput, Settings
-from runtime.sim.serving import (
-    Admission,
-    Fleet,
-)
+from runtime.sim.request_stream import Admission
+from runtime.sim.serving import Fleet
 
 
 def preserves_kv(policy: PoolPolicy) -> bool:

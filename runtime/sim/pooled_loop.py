@@ -57,9 +57,7 @@ from runtime.sim.replay_model import (
     StepRecord,
     Tuning,
 )
-from runtime.sim.serving import (
-    StepResult,
-)
+from runtime.sim.request_stream import StepResult
 from runtime.sim.traces import ProductionTrace
 
 

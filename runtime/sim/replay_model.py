@@ -23,10 +23,7 @@ from runtime.sim.classes import (
 from runtime.sim.cluster_objects import Eviction, Waiting
 from runtime.sim.counts import TokenCounts
 from runtime.sim.production import ProductionRule
-from runtime.sim.serving import (
-    Requests,
-    StepLatencies,
-)
+from runtime.sim.request_stream import Requests, StepLatencies
 
 
 @dataclass(frozen=True)

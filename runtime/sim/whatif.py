@@ -24,8 +24,8 @@ from runtime.sim.goals import Goal, goals
 from runtime.sim.production import ProductionGroup, describe, need_gpus, production_groups
 from runtime.sim.replay_model import FlexInput, Layout, Progress, Replay, Settings
 from runtime.sim.report import Summary, summarize
+from runtime.sim.request_stream import Requests
 from runtime.sim.service_time import ServiceModel, service_model
-from runtime.sim.serving import Requests
 from runtime.sim.traces import FlexTrace, ProductionTrace
 from runtime.sim.tuning import TunerConfig, TunerLoop, TunerRun
 from runtime.vllm import ModelSpec, load_model_spec, plan_kv_cache

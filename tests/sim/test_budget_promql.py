@@ -47,7 +47,7 @@ from runtime.sim.exporter_view import Tallies
 from runtime.sim.pooled_loop import PooledLoop
 from runtime.sim.production import ProductionRule
 from runtime.sim.replay_model import FlexInput, Layout, Observer, Series, Settings
-from runtime.sim.serving import Requests
+from runtime.sim.request_stream import Requests
 from runtime.sim.traces import ProductionTrace, diurnal, load_production_trace
 from runtime.tuner import prometheus as prometheus_edge
 from tests.alerts.test_e2e import query

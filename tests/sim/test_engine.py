@@ -16,7 +16,8 @@ from runtime.sim.engine import replay_fixed, replay_pooled
 from runtime.sim.production import ProductionRule, need_gpus, production_groups
 from runtime.sim.replay_model import FlexInput, Layout, Replay, Settings
 from runtime.sim.report import summarize
-from runtime.sim.serving import Fleet, Requests
+from runtime.sim.request_stream import Requests
+from runtime.sim.serving import Fleet
 from runtime.sim.traces import ProductionTrace, diurnal
 
 

@@ -14,7 +14,8 @@ from runtime.sim.engine import replay_pooled
 from runtime.sim.markdown import rows, tier_lines
 from runtime.sim.replay_model import FlexInput, Layout, Replay, Settings
 from runtime.sim.report import Summary, summarize
-from runtime.sim.serving import Array, Fleet, Requests
+from runtime.sim.request_stream import Requests
+from runtime.sim.serving import Array, Fleet
 from runtime.sim.traces import ProductionTrace, prefix_reuse
 from tests.sim.test_engine import DUTY, Latencies, _ramp, _run, _stream, _without_production
 

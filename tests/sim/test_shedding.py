@@ -36,7 +36,8 @@ from runtime.sim.engine import replay_fixed, replay_pooled
 from runtime.sim.options import _split
 from runtime.sim.replay_model import FlexInput, Layout, Replay, Settings
 from runtime.sim.report import summarize
-from runtime.sim.serving import Admission, Fleet, Requests, StepLatencies
+from runtime.sim.request_stream import Admission, Requests, StepLatencies
+from runtime.sim.serving import Fleet
 from runtime.sim.traces import ProductionTrace
 from tests.sim.test_engine import DUTY, Latencies, _run, _stream, _without_production
 

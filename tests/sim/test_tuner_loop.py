@@ -18,7 +18,7 @@ from runtime.sim.engine import replay_pooled
 from runtime.sim.production import ProductionRule
 from runtime.sim.replay_model import FlexInput, Layout, LoopState, Replay, Retune, Settings
 from runtime.sim.report import summarize
-from runtime.sim.serving import Requests
+from runtime.sim.request_stream import Requests
 from runtime.sim.traces import ProductionTrace
 from runtime.sim.tuning import TunerConfig, TunerLoop, TunerRun, merge
 from runtime.tuner.eviction_rule import REASON_LABEL
