@@ -58,6 +58,9 @@ class Requests:
         return int(self.arrival_s.size)
 
     def select(self, keep: NDArray[np.bool_]) -> Requests:
+        """The requests where ``keep`` holds (this stream itself where it holds for all)."""
+        if keep.all():
+            return self
         return Requests(
             self.arrival_s[keep],
             self.input_tokens[keep],
@@ -74,6 +77,8 @@ class Requests:
         """One stream in arrival order (stable, so equal times keep their trace order)."""
         if any(s.backlog for s in streams) and len(streams) > 1:
             raise ValueError("a backlog stream cannot be merged with other streams")
+        if len(streams) == 1 and not (np.diff(streams[0].arrival_s) < 0).any():
+            return streams[0]  # already in order: the stable sort would only copy it
         classed = {s.traffic_class is not None for s in streams}
         if len(classed) > 1:
             raise ValueError("streams with and without traffic classes cannot be merged")

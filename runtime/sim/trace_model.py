@@ -148,8 +148,9 @@ class FlexTrace:
             raise ValueError(f"horizon_s must be finite and > 0, got {horizon_s}")
         if not (math.isfinite(rate_scale) and rate_scale > 0):
             raise ValueError(f"rate_scale must be finite and > 0, got {rate_scale}")
-        arrival = self.arrival_s / rate_scale
-        seen = self.prefix_last_seen / rate_scale
+        # x / 1 is x: the trace's own arrays, no copy.
+        arrival = self.arrival_s if rate_scale == 1 else self.arrival_s / rate_scale
+        seen = self.prefix_last_seen if rate_scale == 1 else self.prefix_last_seen / rate_scale
         size = arrival.size
         period = math.floor(arrival[-1]) + 1.0 if size else horizon_s
         copies = max(1, math.ceil(horizon_s / period))
@@ -165,6 +166,14 @@ class FlexTrace:
                 f"{horizon_s / 3600:g} h at {rate_scale:g}x rate); replay fewer hours or a "
                 "lower rate",
             )
+        if copies == 1:  # views, no copies: one copy's offset is 0 and x + 0.0 is x here
+            return self._one_copy(
+                horizon_s,
+                rate_scale,
+                arrival,
+                seen,
+                int(np.searchsorted(arrival, horizon_s, side="left")),
+            )
         offsets = np.repeat(np.arange(copies, dtype=np.float64) * period, size)
         tiled_arrival = np.tile(arrival, copies) + offsets
         keep = int(np.searchsorted(tiled_arrival, horizon_s, side="left"))
@@ -175,5 +184,24 @@ class FlexTrace:
             output_tokens=np.tile(self.output_tokens, copies)[:keep],
             prefix_blocks=np.tile(self.prefix_blocks, copies)[:keep],
             prefix_last_seen=(np.tile(seen, copies) + offsets)[:keep],
+            block_tokens=self.block_tokens,
+        )
+
+    def _one_copy(
+        self,
+        horizon_s: float,
+        rate_scale: float,
+        arrival: NDArray[np.float64],
+        seen: NDArray[np.float64],
+        keep: int,
+    ) -> FlexTrace:
+        """One copy of the trace, its first ``keep`` requests, named as tiled."""
+        return FlexTrace(
+            source=f"{self.source} tiled to {horizon_s:g} s at {rate_scale:g}x rate",
+            arrival_s=arrival[:keep],
+            input_tokens=self.input_tokens[:keep],
+            output_tokens=self.output_tokens[:keep],
+            prefix_blocks=self.prefix_blocks[:keep],
+            prefix_last_seen=seen[:keep],
             block_tokens=self.block_tokens,
         )
