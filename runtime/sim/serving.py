@@ -38,6 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from runtime.sim.request_stream import Admission, ClassCounts, Requests, StepLatencies, StepResult
+from runtime.sim.stream_window import QueueWindow
 
 Array = NDArray[np.float64]
 
@@ -91,13 +92,13 @@ class Fleet:
     """Sequences per replica in the last step (the drain window's decode speed)."""
     _issued: int = 0
     _cold_prefill: Array = field(init=False)
-    """Prefill seconds of each request without cache hits, computed once: most requests of
-    most streams hit nothing, and costing them again every step dominated the replay."""
-
+    """Backlog streams: prefill seconds of each request of the cycle without cache hits,
+    computed once (costing them again every step dominated the replay)."""
     _sums: tuple[Array, ...] | None = field(init=False)
-    """Streams without prefix data: running sums of (cold prefill, output, prompt, queried
-    prompt) per request, so a step's completions are found by bisection, not by costing every
-    request it serves."""
+    """Backlog streams without prefix data: running sums (``stream_window.SUMS``) over one
+    cycle, so a step's completions are found by bisection, not by costing every request."""
+    _queue: QueueWindow = field(init=False)
+    """Other streams: the same, and the shed marks, for the requests not yet completed."""
 
     # With ``admission`` only (``_admission_state``):
     step_shed: NDArray[np.int64] = field(init=False, repr=False, compare=False)
@@ -108,56 +109,50 @@ class Fleet:
     """Requests of each class aborted at a replica exit (in flight beyond the drain window)."""
     drained: NDArray[np.int64] = field(init=False, repr=False, compare=False)
     """Requests of each class that an exiting replica finished within its drain window."""
-    _class: NDArray[np.int64] = field(init=False, repr=False, compare=False)
-    _columns: tuple[Array, ...] = field(init=False, repr=False, compare=False)
-    _shed: NDArray[np.bool_] = field(init=False, repr=False, compare=False)
-    """Whether each request was shed at its arrival."""
-    _shed_count: NDArray[np.int64] = field(init=False, repr=False, compare=False)
-    """Shed requests before each index (valid up to ``_admitted``)."""
-    _shed_sums: tuple[Array, ...] | None = field(init=False, repr=False, compare=False)
-    """``_sums`` of the shed requests alone (valid up to ``_admitted``)."""
-    _admitted: int = field(init=False, repr=False, compare=False)
-    """Requests the picker has answered (admitted or shed)."""
+    _arrived: NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    """Requests of each class the picker has answered (admitted or shed)."""
+    _finished: NDArray[np.int64] = field(init=False, repr=False, compare=False)
+    """Requests of each class before ``done`` that were not shed."""
     _pending: StepResult | None = field(init=False, repr=False, compare=False)
     """Completions of the last drains, reported with the next step."""
 
     def __post_init__(self) -> None:
         r = self.requests
-        self._cold_prefill = np.asarray(
-            self.latencies.prefill_s(r.input_tokens.astype(np.float64)), dtype=np.float64
-        )
-        self._sums = None
-        columns = (
-            self._cold_prefill,
-            r.output_tokens.astype(np.float64),
-            r.input_tokens.astype(np.float64),
-            np.where(r.hashed, r.input_tokens, 0).astype(np.float64),
-        )
-        if not r.prefix_tokens.any():
-            self._sums = tuple(np.concatenate([[0.0], np.cumsum(c)]) for c in columns)
+        by_sums = not r.prefix_tokens.any()
+        screened = self.admission is not None and not r.backlog
+        self._queue = QueueWindow(r, self.latencies, by_sums=by_sums, screened=screened)
+        self._cold_prefill, self._sums = np.empty(0), None
+        if r.backlog:
+            self._cold_prefill = np.asarray(
+                self.latencies.prefill_s(r.input_tokens.astype(np.float64)), dtype=np.float64
+            )
+            columns = (
+                self._cold_prefill,
+                r.output_tokens.astype(np.float64),
+                r.input_tokens.astype(np.float64),
+                np.where(r.hashed, r.input_tokens, 0).astype(np.float64),
+            )
+            if by_sums:
+                self._sums = tuple(np.concatenate([[0.0], np.cumsum(c)]) for c in columns)
         if self.admission is not None:
-            self._admission_state(columns)
+            self._admission_state()
 
-    def _admission_state(self, columns: tuple[Array, ...]) -> None:
-        """The shed marks and their running sums, filled as requests arrive: a shed request
-        is always a new arrival, so the sums up to the last admitted request stay final."""
+    def _admission_state(self) -> None:
+        """The per-class counters; the shed marks live in ``_queue``, filled as requests
+        arrive (a shed request is always a new arrival, so the sums before it stay final)."""
         assert self.admission is not None
-        n, k = len(self.requests), self.admission.classes
+        k = self.admission.classes
         given = self.requests.traffic_class
-        self._class = np.zeros(n, dtype=np.int64) if given is None else given
-        if self._class.size and not (self._class.min() >= 0 and self._class.max() < k):
+        if given is not None and given.size and not (given.min() >= 0 and given.max() < k):
             raise ValueError(f"traffic class indices must lie in [0, {k})")
         if self.rejected_class is None:
             self.rejected_class = np.zeros(self.rejected_s.size, dtype=np.int64)
-        self._columns = columns
-        self._shed = np.zeros(n, dtype=bool)
-        self._shed_count = np.zeros(n + 1, dtype=np.int64)
-        self._shed_sums = None if self._sums is None else tuple(np.zeros(n + 1) for _ in columns)
-        self._admitted = 0
         self.step_shed = np.zeros(k, dtype=np.int64)
         self.shed = np.zeros(k, dtype=np.int64)
         self.lost = np.zeros(k, dtype=np.int64)
         self.drained = np.zeros(k, dtype=np.int64)
+        self._arrived = np.zeros(k, dtype=np.int64)
+        self._finished = np.zeros(k, dtype=np.int64)
         self._pending = None
 
     @classmethod
@@ -207,32 +202,43 @@ class Fleet:
 
     def _live(self, start: int, stop: int) -> int:
         """Requests in ``[start, stop)`` that were not shed."""
-        if self.admission is None or self.requests.backlog:
-            return stop - start
-        return (stop - start) - int(self._shed_count[stop] - self._shed_count[start])
+        return stop - start if self.requests.backlog else self._queue.live(start, stop)
 
-    def _admit(self, upto: int, saturated: bool) -> None:
-        """The endpoint picker's answer to the requests arriving up to index ``upto``: while
+    def _classes(self, indices: NDArray[np.int64]) -> NDArray[np.int64]:
+        given = self.requests.traffic_class
+        return np.zeros(indices.size, dtype=np.int64) if given is None else given[indices]
+
+    def _arrive(self, upto: int, saturated: bool) -> None:
+        """The requests arriving up to index ``upto`` join the queue; behind a picker, while
         the pool is ``saturated`` the sheddable ones are shed, everything else is queued."""
-        assert self.admission is not None
-        start = self._admitted
+        start = self._queue.end
+        if self.admission is None:
+            self._queue.extend(upto)
+            return
         self.step_shed = np.zeros(self.admission.classes, dtype=np.int64)
         if upto <= start:
             return
-        seg = slice(start, upto)
+        classes = self._classes(np.arange(start, upto, dtype=np.int64))
         if saturated:
-            mask = self.admission.sheddable[self._class[seg]]
+            mask = self.admission.sheddable[classes]
         else:
             mask = np.zeros(upto - start, dtype=bool)
-        self._shed[seg] = mask
-        ends = slice(start + 1, upto + 1)
-        self._shed_count[ends] = self._shed_count[start] + np.cumsum(mask)
-        if self._shed_sums is not None:
-            for shed, column in zip(self._shed_sums, self._columns, strict=True):
-                shed[ends] = shed[start] + (np.cumsum(np.where(mask, column[seg], 0.0)))
-        self.step_shed = np.bincount(self._class[seg][mask], minlength=self.admission.classes)
+        self._queue.extend(upto, mask)
+        self.step_shed = np.bincount(classes[mask], minlength=self.admission.classes)
         self.shed += self.step_shed
-        self._admitted = upto
+        self._arrived += np.bincount(classes, minlength=self.admission.classes)
+
+    def _complete(self, upto: int) -> None:
+        """The queue's head moves to ``upto``: what lies before it is forgotten."""
+        if not self.requests.backlog:
+            if self.admission is not None:
+                done = np.arange(self.done, upto, dtype=np.int64)
+                live = ~self._queue.shed_between(self.done, upto)
+                self._finished += np.bincount(
+                    self._classes(done[live]), minlength=self.admission.classes
+                )
+            self._queue.drop_before(upto)
+        self.done = upto
 
     def serve(
         self, now: float, dt: float, replicas: float, *, saturated: bool = False
@@ -241,8 +247,8 @@ class Fleet:
         equivalents: production lends a fraction of its GPUs). ``saturated``: the endpoint
         picker found the fleet's pool saturated at the step's start (only with admission)."""
         backlog = self.requests.backlog
-        if self.admission is not None and not backlog:
-            self._admit(self.arrived(now + dt), saturated)
+        if not backlog:
+            self._arrive(self.arrived(now + dt), saturated)
         # A backlog never runs dry: the fleet takes as much as its capacity allows.
         arrived = BOUNDLESS if backlog else self.arrived(now + dt)
         result = self._serve(now, dt, replicas, arrived)
@@ -262,7 +268,7 @@ class Fleet:
         r = self.requests
         head = self._index(self.done, min(arrived, self.done + CHUNK))
         if self.admission is not None and not r.backlog:
-            live = head[~self._shed[head]]
+            live = head[~self._queue.shed(head)]
             head = live if live.size else head
         full = r.input_tokens[head] + r.output_tokens[head]
         mean_len = float(full.mean())
@@ -273,11 +279,11 @@ class Fleet:
         capacity = replicas * dt
         budget = self.credit + capacity
         result = StepResult(busy=0.0)
-        if self._sums is not None:
+        if self._queue.by_sums:
             start, spent = self._take_by_sums(arrived, budget, per_token, result)
         else:
             start, spent = self._take_by_chunks(arrived, budget, per_token, now, result)
-        self.done = start
+        self._complete(start)
         if r.backlog:
             self._issued = max(self._issued, self.done + self.backlog_window)
         if self.done >= arrived:
@@ -312,20 +318,20 @@ class Fleet:
             idx = self._index(start, min(arrived, start + CHUNK))
             kept, survived = self._hits(idx, now)
             hits = kept if self.preservation else survived
-            cost = self._cold_prefill[idx]
+            cost = self._cold_prefill[idx] if r.backlog else self._queue.cold(idx)
             warm = hits > 0
             if warm.any():
                 cost = cost.copy()
                 cost[warm] = self.latencies.prefill_s(r.input_tokens[idx][warm] - hits[warm])
             unit = cost + r.output_tokens[idx] * per_token
             if screened:
-                unit = np.where(self._shed[idx], 0.0, unit)
+                unit = np.where(self._queue.shed(idx), 0.0, unit)
             total = np.cumsum(unit) + spent
             n = int(np.searchsorted(total, budget, side="right"))
             if n:
                 served = idx[:n]
                 if screened:
-                    live = ~self._shed[served]
+                    live = ~self._queue.shed(served)
                     served, kept_n, survived_n, hits_n = (
                         served[live],
                         kept[:n][live],
@@ -353,15 +359,11 @@ class Fleet:
     ) -> tuple[int, float]:
         """``_take_by_chunks`` for streams that never hit the cache, by bisection on sums
         (less the sums of the shed requests, which cost nothing)."""
-        assert self._sums is not None
         sums, n = self._sums, len(self.requests)
-        shed = None if self.admission is None else self._shed_sums
 
         def at(i: int) -> tuple[float, ...]:
-            if not self.requests.backlog:
-                if shed is None:
-                    return tuple(float(c[i]) for c in sums)
-                return tuple(float(c[i]) - float(s[i]) for c, s in zip(sums, shed, strict=True))
+            if sums is None:
+                return self._queue.sums_at(i)
             cycles, rest = divmod(i, n)
             return tuple(cycles * float(c[-1]) + float(c[rest]) for c in sums)
 
@@ -441,16 +443,17 @@ class Fleet:
             idx = self._index(self.done, self.done + count)
             stop = self.done + count
         else:
-            window = np.arange(self.done, self._admitted, dtype=np.int64)
-            idx = window[~self._shed[window]][:count]
+            live = np.flatnonzero(~self._queue.shed_between(self.done, self._queue.end))
+            idx = live[:count].astype(np.int64) + self.done
             if not idx.size:
                 return
             stop = int(idx[-1]) + 1
         step_s = float(self.latencies.decode_step_s(self._batch, self._mean_context))
-        alone_s = self._cold_prefill[idx] + r.output_tokens[idx] * step_s
+        cold = self._cold_prefill[idx] if r.backlog else self._queue.cold(idx)
+        alone_s = cold + r.output_tokens[idx] * step_s
         finish = np.minimum(1.0, self.admission.drain_window_s / np.maximum(alone_s, 1e-9))
         k = self.admission.classes
-        classes = self._class[idx]
+        classes = self._classes(idx)
         drained = np.rint(np.bincount(classes, weights=finish, minlength=k)).astype(np.int64)
         in_flight = np.bincount(classes, minlength=k)
         self.drained += drained
@@ -460,7 +463,7 @@ class Fleet:
         pending.output_tokens += round(float((finish * r.output_tokens[idx]).sum()))
         pending.prompt_tokens += round(float((finish * r.input_tokens[idx]).sum()))
         self._pending = pending
-        self.done = stop
+        self._complete(stop)
         self._in_flight = max(0.0, self._in_flight - idx.size)
 
     def class_counts(self, end: float) -> ClassCounts:
@@ -471,20 +474,19 @@ class Fleet:
         assert rejected_class is not None
         dropped = np.bincount(rejected_class[: self.rejected(end)], minlength=k)
         if self.requests.backlog:
-            one = self._class[:1]
+            one = self._classes(np.zeros(1, dtype=np.int64))
             issued = self.arrived(end)
             arrived = np.bincount(one, minlength=k) * issued
             finished = np.bincount(one, minlength=k) * self.done
             queued = np.bincount(one, minlength=k) * (issued - self.done)
         else:
             upto = self.arrived(end)
-            if upto != self._admitted:
+            if upto != self._queue.end:
                 raise ValueError("class_counts before every arrival was admitted")
-            classes, shed = self._class, self._shed
-            arrived = np.bincount(classes[:upto], minlength=k)
-            finished = np.bincount(classes[: self.done][~shed[: self.done]], minlength=k)
-            tail = slice(self.done, upto)
-            queued = np.bincount(classes[tail][~shed[tail]], minlength=k)
+            arrived, finished = self._arrived.copy(), self._finished.copy()
+            tail = np.arange(self.done, upto, dtype=np.int64)
+            live = ~self._queue.shed_between(self.done, upto)
+            queued = np.bincount(self._classes(tail[live]), minlength=k)
         return ClassCounts(
             arrived=arrived + dropped,
             served=finished - self.lost,

@@ -343,8 +343,8 @@ def test_bisection_on_sums_serves_what_costing_each_request_serves(backlog: bool
         for s in streams
     ]
     fast, slow = fleets
-    assert fast._sums is not None
-    slow._sums = None
+    assert fast._queue.by_sums
+    slow._queue.by_sums = False
     for step, replicas in enumerate([1, 3, 3, 0, 8, 2, 5, 5, 1, 4] * 3):
         a = fast.serve(step * 15.0, 15.0, replicas)
         b = slow.serve(step * 15.0, 15.0, replicas)
