@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -174,16 +174,25 @@ class FlexTrace:
                 seen,
                 int(np.searchsorted(arrival, horizon_s, side="left")),
             )
-        offsets = np.repeat(np.arange(copies, dtype=np.float64) * period, size)
-        tiled_arrival = np.tile(arrival, copies) + offsets
-        keep = int(np.searchsorted(tiled_arrival, horizon_s, side="left"))
+        # The last copy's kept arrivals, then every array built at the kept length: tiling
+        # whole copies and slicing would hold all of them.
+        kept = int(np.searchsorted(arrival + last, horizon_s, side="left"))
+        keep = (copies - 1) * size + kept
+        starts = np.arange(copies, dtype=np.float64) * period
+        offsets = np.repeat(starts, [size] * (copies - 1) + [kept])
+
+        def shifted(values: NDArray[np.float64]) -> NDArray[np.float64]:
+            out = _cycled(values, keep)
+            out += offsets
+            return out
+
         return FlexTrace(
             source=f"{self.source} tiled to {horizon_s:g} s at {rate_scale:g}x rate",
-            arrival_s=tiled_arrival[:keep],
-            input_tokens=np.tile(self.input_tokens, copies)[:keep],
-            output_tokens=np.tile(self.output_tokens, copies)[:keep],
-            prefix_blocks=np.tile(self.prefix_blocks, copies)[:keep],
-            prefix_last_seen=(np.tile(seen, copies) + offsets)[:keep],
+            arrival_s=shifted(arrival),
+            input_tokens=_cycled(self.input_tokens, keep),
+            output_tokens=_cycled(self.output_tokens, keep),
+            prefix_blocks=_cycled(self.prefix_blocks, keep),
+            prefix_last_seen=shifted(seen),
             block_tokens=self.block_tokens,
         )
 
@@ -205,3 +214,20 @@ class FlexTrace:
             prefix_last_seen=seen[:keep],
             block_tokens=self.block_tokens,
         )
+
+
+Values = TypeVar("Values", bound=np.generic)
+
+
+def _cycled(values: NDArray[Values], size: int) -> NDArray[Values]:
+    """``values`` repeated to exactly ``size`` elements (``np.resize`` joins whole copies and
+    slices them, holding up to one copy more): each pass copies what is filled, a multiple of
+    one copy, so the array doubles in log(copies) copies."""
+    out = np.empty(size, dtype=values.dtype)
+    filled = min(values.size, size)
+    out[:filled] = values[:filled]
+    while filled < size:
+        n = min(filled, size - filled)
+        out[filled : filled + n] = out[:n]
+        filled += n
+    return out
