@@ -31,7 +31,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from infra.builders.workload import HPA_TOLERANCES
+from infra.builders.stack_options import HPA_TOLERANCES, StackOptions
 from policy import DEFAULT_POLICY, PoolPolicy, load_policy, parse_policy
 from runtime.advise.levers import grid, parse_vary
 from runtime.advise.sweep import variant_document
@@ -112,7 +112,7 @@ def main() -> None:
         setting = SETTINGS[name]
         policy = _variant(setting.changes)
         demand = {policy.workloads[0].name: Demand(backlog=backlog)}
-        settings = Settings(hours=args.hours, hpa_tolerance=args.hpa_tolerance)
+        settings = Settings(hours=args.hours, stack=StackOptions(hpa_tolerance=args.hpa_tolerance))
         whatif = WhatIf(_production(setting.production, args.hours), demand, settings)
         start = time.perf_counter()
         result = run(policy, DEFAULT_POLICY.parent, whatif)

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kubernetes_validate
 from ruamel.yaml import YAML
 
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from infra.inputs import load_inputs
 from infra.output import write_documents
@@ -76,9 +77,10 @@ def main() -> None:
         folder = Path(tmp)
         big = policy_file(folder, opts.workloads)
         t_load, inputs = best_of(opts.repeats, lambda: load_inputs(big))
+        labels = StackOptions(target="labels")
         t_build, objects = best_of(
             opts.repeats,
-            lambda: build_bundle(inputs.policy, target="labels", vllm_args=inputs.vllm_args),
+            lambda: build_bundle(inputs.policy, stack=labels, vllm_args=inputs.vllm_args),
         )
         half = len(objects) // 2
         t_render, t_halves = float("inf"), float("inf")

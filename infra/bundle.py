@@ -16,7 +16,7 @@ from alerts.manifests import monitoring_objects
 from infra.builders.meta import Manifest, retained
 from infra.builders.namespaces import namespaces
 from infra.builders.network import flex_network_policy, tuner_network_policy
-from infra.builders.nodepools import Target, node_pools
+from infra.builders.nodepools import node_pools
 from infra.builders.policy_config import policy_config_map
 from infra.builders.priorities import priority_classes
 from infra.builders.production import production_autoscalers
@@ -24,9 +24,10 @@ from infra.builders.rbac import service_accounts
 from infra.builders.runtime_components import tuner
 from infra.builders.scraping import flex_pod_monitor
 from infra.builders.serving import serving_groups
-from infra.builders.serving_options import DEFAULT_SERVING, ServingOptions
+from infra.builders.serving_options import ServingOptions
 from infra.builders.serving_pools import flex_pod_labels
-from infra.builders.workload import HpaTolerance, flex_workload
+from infra.builders.stack_options import StackOptions, Target
+from infra.builders.workload import flex_workload
 from policy import PoolPolicy
 
 INFERENCE_WORKLOAD = "gpupool:flex:InferenceWorkload"
@@ -145,18 +146,14 @@ def _production_groups(policy: PoolPolicy) -> list[ObjectGroup]:
 
 
 def _workload_groups(
-    policy: PoolPolicy,
-    *,
-    target: Target,
-    vllm_args: Mapping[str, Sequence[str]],
-    hpa_tolerance: HpaTolerance,
-    serving: ServingOptions,
+    policy: PoolPolicy, stack: StackOptions, vllm_args: Mapping[str, Sequence[str]]
 ) -> list[ObjectGroup]:
     """One group per flex workload: its objects and the network policy that admits its
     clients (the Gateway's namespace where the inference extension routes to it)."""
-    served = serving.mode != "off"
+    mode = stack.serving.mode
+    served = mode != "off"
     gateway = policy.serving.gateway.namespace if policy.serving is not None else None
-    clients = (gateway,) if gateway is not None and serving.mode == "inference-extension" else ()
+    clients = (gateway,) if gateway is not None and mode == "inference-extension" else ()
     return [
         ObjectGroup(
             INFERENCE_WORKLOAD,
@@ -166,9 +163,8 @@ def _workload_groups(
                     policy,
                     w,
                     vllm_args[w.name],
-                    hpa_tolerance,
+                    stack,
                     pod_labels=flex_pod_labels(policy, w) if served else {},
-                    target=target,
                 ),
                 flex_network_policy(policy, w, clients),
             ),
@@ -188,28 +184,19 @@ def _serving_groups(policy: PoolPolicy, serving: ServingOptions) -> list[ObjectG
 def build_groups(
     policy: PoolPolicy,
     *,
-    target: Target,
+    stack: StackOptions,
     vllm_args: Mapping[str, Sequence[str]],
-    hpa_tolerance: HpaTolerance = "cluster",
-    serving: ServingOptions = DEFAULT_SERVING,
 ) -> list[ObjectGroup]:
-    """Every object, grouped; ``vllm_args`` maps workload name -> the vLLM container args;
-    ``target``, ``hpa_tolerance`` and ``serving`` are the stack's options (docs/infra.md,
-    docs/serving.md)."""
+    """Every object, grouped; ``stack`` is the stack's options (docs/infra.md "Pulumi",
+    docs/serving.md); ``vllm_args`` maps workload name -> the vLLM container args."""
     missing = [w.name for w in policy.workloads if w.name not in vllm_args]
     if missing:
         raise MissingVllmArgs(f"no vLLM arguments for workloads {missing}")
     groups = [
-        *_system_groups(policy, target),
+        *_system_groups(policy, stack.target),
         *_production_groups(policy),
-        *_workload_groups(
-            policy,
-            target=target,
-            vllm_args=vllm_args,
-            hpa_tolerance=hpa_tolerance,
-            serving=serving,
-        ),
-        *_serving_groups(policy, serving),
+        *_workload_groups(policy, stack, vllm_args),
+        *_serving_groups(policy, stack.serving),
     ]
     groups = [replace(g, objects=tuple(map(retained, g.objects))) for g in groups]
     check_unique(groups)
@@ -219,17 +206,9 @@ def build_groups(
 def build_bundle(
     policy: PoolPolicy,
     *,
-    target: Target,
+    stack: StackOptions,
     vllm_args: Mapping[str, Sequence[str]],
-    hpa_tolerance: HpaTolerance = "cluster",
-    serving: ServingOptions = DEFAULT_SERVING,
 ) -> list[Manifest]:
     """Every object the policy implies, flat, in apply order."""
-    groups = build_groups(
-        policy,
-        target=target,
-        vllm_args=vllm_args,
-        hpa_tolerance=hpa_tolerance,
-        serving=serving,
-    )
+    groups = build_groups(policy, stack=stack, vllm_args=vllm_args)
     return [obj for group in groups for obj in group.objects]

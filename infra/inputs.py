@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.builders.meta import Manifest
-from infra.builders.nodepools import TARGETS, Target
 from infra.builders.serving_options import DEFAULT_SERVING, ServingOptions
 from infra.builders.serving_pools import serving_problems
+from infra.builders.stack_options import TARGETS, StackOptions, Target
 from infra.bundle import (
     INFERENCE_WORKLOAD,
     DuplicateObject,
@@ -122,7 +122,9 @@ def name_problems(policy: PoolPolicy) -> list[tuple[str, str]]:
             groups = [
                 group
                 for target in TARGETS
-                for group in build_groups(alone, target=target, vllm_args={workload.name: []})
+                for group in build_groups(
+                    alone, stack=StackOptions(target), vllm_args={workload.name: []}
+                )
                 if group.component == INFERENCE_WORKLOAD
             ]
         except DuplicateObject as exc:
@@ -158,9 +160,8 @@ def serving_name_problems(policy: PoolPolicy, serving: ServingOptions) -> list[t
     try:
         build_groups(
             policy,
-            target=TARGETS[0],
+            stack=StackOptions(TARGETS[0], serving=serving),
             vllm_args={w.name: [] for w in policy.workloads},
-            serving=serving,
         )
     except DuplicateObject as exc:
         return [

@@ -14,14 +14,8 @@ from typing import Any, TypeVar, cast
 import pulumi
 from pulumi_kubernetes.core.v1 import Service
 
-from infra.builders.nodepools import TARGETS, Target
-from infra.builders.serving_options import (
-    DEFAULT_SERVING,
-    OBJECTIVE_APIS,
-    SERVING_MODES,
-    ServingOptions,
-)
-from infra.builders.workload import HPA_TOLERANCES, HpaTolerance
+from infra.builders.serving_options import OBJECTIVE_APIS, SERVING_MODES, ServingOptions
+from infra.builders.stack_options import DEFAULT_STACK, HPA_TOLERANCES, TARGETS, StackOptions
 from infra.bundle import (
     INFERENCE_WORKLOAD,
     SCHEDULING,
@@ -44,14 +38,9 @@ class StackSettings:
 
     policy_path: Path
     """``gpupool:policy``: the policy file (relative to the project root)."""
-    target: Target
-    """``gpupool:target``: ``labels`` or ``karpenter``."""
-    hpa_tolerance: HpaTolerance = "cluster"
-    """``gpupool:hpaTolerance``: ``cluster`` (the controller's flag) or ``behavior``
-    (per-HPA tolerance 0; Kubernetes >= 1.33 with HPAConfigurableTolerance)."""
-    serving: ServingOptions = DEFAULT_SERVING
-    """``gpupool:serving`` (``inference-extension``, ``services`` or ``off``) and
-    ``gpupool:inferenceObjectiveApi`` (docs/serving.md "Stack options")."""
+    options: StackOptions
+    """``gpupool:target``, ``gpupool:hpaTolerance``, ``gpupool:serving`` and
+    ``gpupool:inferenceObjectiveApi`` (``infra.builders.stack_options``)."""
 
 
 Choice = TypeVar("Choice", bound=str)
@@ -71,19 +60,17 @@ def _choice(
 
 def read_settings(config: pulumi.Config, root: Path = PROJECT_ROOT) -> StackSettings:
     """Typed settings from the ``gpupool`` config namespace; a bad value stops the program."""
-    target = _choice(config, "target", TARGETS, "labels")
-    tolerance = _choice(config, "hpaTolerance", HPA_TOLERANCES, "cluster")
-    serving = ServingOptions(
-        _choice(config, "serving", SERVING_MODES, DEFAULT_SERVING.mode),
-        _choice(config, "inferenceObjectiveApi", OBJECTIVE_APIS, DEFAULT_SERVING.objective_api),
+    default = DEFAULT_STACK
+    options = StackOptions(
+        _choice(config, "target", TARGETS, default.target),
+        _choice(config, "hpaTolerance", HPA_TOLERANCES, default.hpa_tolerance),
+        ServingOptions(
+            _choice(config, "serving", SERVING_MODES, default.serving.mode),
+            _choice(config, "inferenceObjectiveApi", OBJECTIVE_APIS, default.serving.objective_api),
+        ),
     )
     policy = Path(config.get("policy") or "policy/pool.yaml")
-    return StackSettings(
-        policy if policy.is_absolute() else root / policy,
-        target,
-        tolerance,
-        serving,
-    )
+    return StackSettings(policy if policy.is_absolute() else root / policy, options)
 
 
 class BundleComponent(pulumi.ComponentResource):
@@ -148,20 +135,15 @@ def run(settings: StackSettings) -> list[BundleComponent]:
     A bad policy stops the program before any resource is declared, with the same
     ``FILE:LINE: path: message`` lines ``gpupool validate`` prints (no traceback).
     """
+    stack = settings.options
     try:
-        inputs = load_inputs(settings.policy_path, serving=settings.serving, target=settings.target)
+        inputs = load_inputs(settings.policy_path, serving=stack.serving, target=stack.target)
     except PolicyError as exc:
         raise pulumi.RunError(str(exc)) from None
-    groups = build_groups(
-        inputs.policy,
-        target=settings.target,
-        vllm_args=inputs.vllm_args,
-        hpa_tolerance=settings.hpa_tolerance,
-        serving=settings.serving,
-    )
+    groups = build_groups(inputs.policy, stack=stack, vllm_args=inputs.vllm_args)
     components = declare_groups(groups)
-    pulumi.export("target", settings.target)
-    pulumi.export("serving", settings.serving.mode)
+    pulumi.export("target", stack.target)
+    pulumi.export("serving", stack.serving.mode)
     pulumi.export(
         "flex_endpoints",
         {c.group_name: c.service_url for c in components if isinstance(c, InferenceWorkload)},

@@ -13,18 +13,11 @@ and never deletes the Node.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from infra.builders.meta import RETAIN_ANNOTATIONS, Manifest, labels
+from infra.builders.stack_options import Target
 from policy import PoolPolicy
 from policy.karpenter import NodeRequirement
 from policy.nodepools import POOL_TAINT_EFFECT, NodePool
-
-Target = Literal["labels", "karpenter"]
-"""How node pools are declared; chosen in stack config (``gpupool:target``), not in code."""
-
-TARGETS: tuple[Target, ...] = ("labels", "karpenter")
-"""Every supported target, in documentation order."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
 """Extended resource the NVIDIA device plugin advertises (kind: ``infra/kind/create.sh``)."""

@@ -12,7 +12,6 @@ clamped to the workload's replica bounds.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 from infra.builders.compaction_sidecar import (
     METRICS_PORT,
@@ -23,7 +22,7 @@ from infra.builders.compaction_sidecar import (
 )
 from infra.builders.hpa import horizontal_pod_autoscaler, rate_limit, scaling_rule
 from infra.builders.meta import PART_OF, Manifest, metadata, selector_labels
-from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT, Target
+from infra.builders.nodepools import GPU_RESOURCE, TAINT_EFFECT
 from infra.builders.pod import pod_security, pull_secrets
 from infra.builders.rbac import FLEX_SERVICE_ACCOUNT
 from infra.builders.snapshot_gc import (
@@ -32,6 +31,7 @@ from infra.builders.snapshot_gc import (
     snapshot_gc,
     snapshot_volumes,
 )
+from infra.builders.stack_options import DEFAULT_STACK, HpaTolerance, StackOptions, Target
 from infra.builders.vllm_container import (
     HTTP_PORT,
     model_cache_claim_name,
@@ -69,16 +69,6 @@ No NodePool can promise it, so Karpenter never provisions a node for a term requ
 while kube-scheduler places pods on the nodes that carry it: flex pods reach a lending
 pool's existing nodes only (``karpenter`` target, docs/design/lending.md)."""
 
-HpaTolerance = Literal["cluster", "behavior"]
-"""Who sets the flex HPAs' tolerance (stack option ``gpupool:hpaTolerance``). ``cluster``: the
-controller's ``--horizontal-pod-autoscaler-tolerance`` (10 % by default; every budget step is
-sized to pass it, but growth by less than 10 % of the replicas is swallowed). ``behavior``:
-``behavior.scaleUp/scaleDown.tolerance: 0`` on each HPA, so every step is taken, the last
-replicas of a pool included; needs Kubernetes >= 1.33 with the ``HPAConfigurableTolerance``
-feature gate (alpha in 1.33)."""
-
-HPA_TOLERANCES: tuple[HpaTolerance, ...] = ("cluster", "behavior")
-
 BEHAVIOR_TOLERANCE = "0"
 """``tolerance`` of both directions under ``behavior``: the budget is a whole number of GPUs,
 so any difference from the current replicas is a decision, never noise."""
@@ -91,24 +81,24 @@ def flex_workload(
     policy: PoolPolicy,
     workload: FlexWorkload,
     vllm_args: Sequence[str],
-    hpa_tolerance: HpaTolerance = "cluster",
+    stack: StackOptions = DEFAULT_STACK,
     pod_labels: Mapping[str, str] | None = None,
-    target: Target = "labels",
 ) -> list[Manifest]:
     """Every object of one flex workload, in apply order; ``pod_labels`` join its pods to
-    the serving layer's pools (``infra.builders.serving_pools.flex_pod_labels``); ``target`` is
-    the stack's node-pool target (``flex_node_affinity``)."""
+    the serving layer's pools (``infra.builders.serving_pools.flex_pod_labels``); of the
+    stack's options the node-pool target places the pods (``flex_node_affinity``) and the
+    HPA tolerance goes on the HPA (``autoscaler``)."""
     compaction = [compaction_service(policy, workload)] if workload.kv_compaction else []
     cache = [model_cache_claim(policy, workload)] if workload.model_cache.storage_class else []
     snapshots = [snapshot_claim(policy, workload)] if preserving(policy) else []
     return [
         *snapshots,
         *cache,
-        deployment(policy, workload, vllm_args, pod_labels, target),
+        deployment(policy, workload, vllm_args, pod_labels, stack.target),
         service(policy, workload),
         *compaction,
         disruption_budget(policy, workload),
-        autoscaler(policy, workload, hpa_tolerance),
+        autoscaler(policy, workload, stack.hpa_tolerance),
     ]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from infra.builders.nodepools import Target
+from infra.builders.stack_options import StackOptions, Target
 from infra.diff import diff_documents
 from infra.pipeline import render_policy_file
 from policy.bounded_read import MODEL_CONFIG_BYTES, read_bytes
@@ -54,7 +54,8 @@ def recommended_files(
         for name, data in files.items():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).write_bytes(data)
-        before = render_policy_file(policy_file, target=target)
-        after = render_policy_file(root / POLICY, target=target)
+        stack = StackOptions(target)
+        before = render_policy_file(policy_file, stack=stack)
+        after = render_policy_file(root / POLICY, stack=stack)
     diff = diff_documents(before, after) or "no object changes\n"
     return {**files, DIFF: diff.encode("utf-8")}

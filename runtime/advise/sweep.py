@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from infra.builders.nodepools import Target
+from infra.builders.stack_options import StackOptions, Target
 from policy import PolicyError, PoolPolicy, parse_policy
 from runtime.advise.levers import CURRENT, Variant
 from runtime.sim.options import DEMO, Options, build_whatif
@@ -94,7 +94,7 @@ def sweep_options(
         flex_traces=tuple(flex_traces),
         backlogs=tuple(backlogs),
         hours=hours,
-        target=target,
+        stack=StackOptions(target),
     )
 
 

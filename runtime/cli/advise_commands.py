@@ -12,7 +12,7 @@ from typing import Annotated, cast
 import typer
 from rich.progress import Progress as RichProgress
 
-from infra.builders.nodepools import Target
+from infra.builders.stack_options import Target
 from policy import PoolPolicy, load_policy
 from runtime.advise import folder, front, levers, recommended, report
 from runtime.advise.front import Rated

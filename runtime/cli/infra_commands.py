@@ -8,14 +8,13 @@ from typing import Annotated
 
 import typer
 
-from infra.builders.nodepools import Target
 from infra.builders.serving_options import (
     DEFAULT_SERVING,
     ObjectiveApi,
     ServingMode,
     ServingOptions,
 )
-from infra.builders.workload import HpaTolerance
+from infra.builders.stack_options import HpaTolerance, StackOptions, Target
 from infra.diff import diff_documents
 from infra.inputs import load_inputs
 from infra.output import FolderResult, OutputError, write_documents
@@ -74,13 +73,11 @@ def render(
 ) -> None:
     """Write every object as YAML, one file each, byte-identical for the same policy; the
     directory is replaced whole (files gpupool did not write are kept)."""
-    options = ServingOptions(serving, objective_api)
+    stack = StackOptions(target, hpa_tolerance, ServingOptions(serving, objective_api))
     path = policy_file(file, example=example)
     with reported_errors():
-        inputs = load_inputs(path, serving=options, target=target)
-        documents = render_inputs(
-            inputs, target=target, hpa_tolerance=hpa_tolerance, serving=options
-        ).documents
+        inputs = load_inputs(path, serving=stack.serving, target=stack.target)
+        documents = render_inputs(inputs, stack=stack).documents
         result = _write(out, documents, input_files(path, inputs.policy))
     print_warnings(inputs)
     console.print(
@@ -111,14 +108,11 @@ def diff(
     ] = False,
 ) -> None:
     """Render both policies and print the object-level difference (exit 0 unless --exit-code)."""
-    options = ServingOptions(serving, objective_api)
+    stack = StackOptions(target, hpa_tolerance, ServingOptions(serving, objective_api))
     new_file = policy_file(new, example=example)
     with reported_errors():
         text = diff_documents(
-            render_policy_file(old, target=target, hpa_tolerance=hpa_tolerance, serving=options),
-            render_policy_file(
-                new_file, target=target, hpa_tolerance=hpa_tolerance, serving=options
-            ),
+            render_policy_file(old, stack=stack), render_policy_file(new_file, stack=stack)
         )
     typer.echo(text or "no differences", nl=not text)
     if text and exit_code:
@@ -139,10 +133,11 @@ def demo(
     """Validate and render the policy (./policy/pool.yaml, or the packaged example with
     --example), summarise what it declares, and replay the bundled traces through its closed
     loop (pooled vs fixed topology)."""
+    stack = StackOptions(target)
     path = policy_file(file, example=example)
     with reported_errors():
-        inputs = load_inputs(path, target=target)
-        rendered = render_inputs(inputs, target=target)
+        inputs = load_inputs(path, serving=stack.serving, target=stack.target)
+        rendered = render_inputs(inputs, stack=stack)
         objects = rendered.objects
         folder = out or Path(tempfile.mkdtemp(prefix="gpupool-demo-"))
         _write(folder, rendered.documents, input_files(path, inputs.policy))

@@ -10,8 +10,7 @@ from typing import Annotated, cast
 
 import typer
 
-from infra.builders.nodepools import Target
-from infra.builders.workload import HPA_TOLERANCES, HpaTolerance
+from infra.builders.stack_options import HPA_TOLERANCES, TARGETS, HpaTolerance, StackOptions, Target
 from runtime.cli.errors import UsageProblem
 from runtime.sim.options import Options
 from runtime.sim.production import RuleMode
@@ -144,7 +143,8 @@ def replay_options(
     review_delay: str | None,
 ) -> Options:
     """The replay's ``Options`` from the command's values, each choice checked in the order
-    of the options (a wrong one is a ``UsageProblem`` naming the option)."""
+    of the options (a wrong one is a ``UsageProblem`` naming the option); ``target`` and
+    ``hpa_tolerance`` become its one ``StackOptions``."""
     return Options(
         prod_trace,
         tuple(flex_trace or ()),
@@ -157,8 +157,10 @@ def replay_options(
         cast(RuleMode, _choice("--production-rule", production_rule, ("policy", "duty", "held"))),
         prod_target_utilization,
         startup_s,
-        cast(Target, _choice("--target", target, ("labels", "karpenter"))),
-        cast(HpaTolerance, _choice("--hpa-tolerance", hpa_tolerance, HPA_TOLERANCES)),
+        StackOptions(
+            cast(Target, _choice("--target", target, TARGETS)),
+            cast(HpaTolerance, _choice("--hpa-tolerance", hpa_tolerance, HPA_TOLERANCES)),
+        ),
         tuner=tuner,
         tuner_settings=None if tuner_settings is None else str(tuner_settings),
         review_delay=review_delay,

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.builders.nodepools import Target
-from infra.builders.workload import HpaTolerance
+from infra.builders.stack_options import DEFAULT_STACK, StackOptions
 from policy import PoolPolicy
 from policy.base import duration_seconds
 from runtime.sim.production import ProductionRule, RuleMode
@@ -40,8 +39,8 @@ class Options:
     production_rule: RuleMode
     prod_target_utilization: float
     startup_s: float
-    target: Target
-    hpa_tolerance: HpaTolerance = "cluster"
+    stack: StackOptions
+    """The stack's options the replay models (``--target``, ``--hpa-tolerance``)."""
     tuner: bool = False
     """Run the tuner's decisions in the pooled loop (``--tuner``)."""
     tuner_settings: str | None = None
@@ -140,8 +139,7 @@ def build_whatif(options: Options, policy: PoolPolicy) -> WhatIf:
         hours=hours,
         flex_startup_s=options.startup_s,
         production=rule,
-        target=options.target,
-        hpa_tolerance=options.hpa_tolerance,
+        stack=options.stack,
     )
     return WhatIf(production, demand, settings, options.layout, options.fit_production, tuner)
 
@@ -158,7 +156,7 @@ DEMO = Options(
     production_rule="policy",
     prod_target_utilization=0.6,
     startup_s=300.0,
-    target="labels",
+    stack=DEFAULT_STACK,
 )
 """``gpupool demo`` and the tuner's pull requests: the bundled Alibaba production sample and
 a flex backlog (batch work always queued, request lengths of the bundled Azure code trace)

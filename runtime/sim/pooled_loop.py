@@ -290,7 +290,7 @@ class PooledLoop:
         """Each flex workload's HPA as rendered from ``self.policy``, bounded by the layout
         (which may raise a bound, never lower the policy's)."""
         for name, w in self.workloads.items():
-            manifest = autoscaler(self.policy, w, self.settings.hpa_tolerance)
+            manifest = autoscaler(self.policy, w, self.settings.stack.hpa_tolerance)
             bound = max(self.layout.max_replicas[name], self.policy.replica_bound(w))
             self.hpas[name] = HpaSpec.from_manifest(with_max_replicas(manifest, bound))
             self.hpa_names[name] = str(manifest["metadata"]["name"])
@@ -475,7 +475,7 @@ class PooledLoop:
 def _cluster(policy: PoolPolicy, layout: Layout, settings: Settings) -> Cluster:
     """The layout's nodes (none at the start with Karpenter, which provisions them) under the
     policy's disruption settings."""
-    karpenter = settings.target == "karpenter"
+    karpenter = settings.stack.target == "karpenter"
     return Cluster(
         nodes={
             pool: [

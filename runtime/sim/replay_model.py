@@ -10,8 +10,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from infra.builders.nodepools import Target
-from infra.builders.workload import HpaTolerance
+from infra.builders.stack_options import DEFAULT_STACK, StackOptions
 from policy.pool import PoolPolicy
 from policy.workloads import FlexWorkload
 from runtime.sim.budget import (
@@ -35,11 +34,11 @@ class Settings:
     flex_startup_s: float = 300.0
     """Image pull + model load of a flex vLLM replica (``--startup-s``)."""
     production: ProductionRule = field(default_factory=ProductionRule)
-    target: Target = "labels"
+    stack: StackOptions = DEFAULT_STACK
+    """The stack's options the replay models: its node-pool target (Karpenter provisions
+    nodes, ``karpenter_delay_s``) and the HPA tolerance the flex HPAs are rendered with."""
     karpenter_delay_s: float = 180.0
     """Karpenter: from a pending pod to a ready GPU node."""
-    hpa_tolerance: HpaTolerance = "cluster"
-    """The stack option ``gpupool:hpaTolerance`` the flex HPAs are rendered with."""
 
     @property
     def steps(self) -> int:

@@ -256,10 +256,10 @@ def _assumptions(
         "figures in GPU-hours (useful = production's served busy GPU-hours + flex's busy "
         "GPU-hours); the baseline is the fixed topology on the same hardware",
         f"step {settings.step_s:g} s; budget every {policy.metrics.evaluation_interval}; "
-        f"HPA tolerance {settings.hpa_tolerance}; target {settings.target}"
+        f"HPA tolerance {settings.stack.hpa_tolerance}; target {settings.stack.target}"
         + (
             f" (node ready {settings.karpenter_delay_s:g} s after the request)"
-            if settings.target == "karpenter"
+            if settings.stack.target == "karpenter"
             else ""
         ),
         "flex serving: fluid continuous-batching model (runtime/sim/serving.py)",

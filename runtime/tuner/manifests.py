@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
-from infra.builders.nodepools import Target as NodePoolTarget
+from infra.builders.stack_options import StackOptions
+from infra.builders.stack_options import Target as NodePoolTarget
 from infra.diff import diff_documents
 from infra.pipeline import render_policy_file
 from policy import PoolPolicy, load_policy
@@ -77,9 +78,10 @@ def manifest_diff(change: PolicyChange, *, target: NodePoolTarget) -> str:
 
     Raises ``PolicyError`` when either policy cannot render: such a proposal is not made.
     """
+    stack = StackOptions(target)
     with _committed_pair(change) as (before, after):
         return diff_documents(
-            render_policy_file(before, target=target), render_policy_file(after, target=target)
+            render_policy_file(before, stack=stack), render_policy_file(after, stack=stack)
         )
 
 

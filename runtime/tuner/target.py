@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.builders.nodepools import Target as NodePoolTarget
+from infra.builders.stack_options import Target as NodePoolTarget
 from runtime.tuner import forge, gitrepo
 
 

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
 from alerts.render import bundle_files
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from infra.render import KUSTOMIZATION, render_documents
 from policy import PolicyError, PoolPolicy, parse_policy
@@ -163,7 +164,7 @@ def _check_rules(policy: PoolPolicy, folder: Path) -> None:
 
 def _check_objects(policy: PoolPolicy) -> None:
     for target in ("labels", "karpenter"):
-        objects = build_bundle(policy, target=target, vllm_args=explicit_args(policy))
+        objects = build_bundle(policy, stack=StackOptions(target), vllm_args=explicit_args(policy))
         for obj in objects:
             assert _api_server_problems(obj) == [], obj["metadata"]
             if obj["apiVersion"] == "karpenter.sh/v1":

@@ -16,6 +16,7 @@ from alerts.manifests import monitoring_objects
 from alerts.render import bundle_files
 from alerts.routing import alertmanager_config
 from infra.builders.compaction_sidecar import POLICY_CONFIGMAP
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from infra.render import fragment_documents, render_documents
 from infra.yaml_text import to_yaml
@@ -176,7 +177,9 @@ def test_the_plain_config_passes_amtool_with_credentials_from_files(
 def test_no_secret_value_is_rendered_anywhere(every_type: PoolPolicy) -> None:
     """Every file of ``gpupool render`` (the policy ConfigMap included) and of ``gpupool
     alerts render``: only references, never what the Secrets hold."""
-    objects = build_bundle(every_type, target="labels", vllm_args=explicit_args(every_type))
+    objects = build_bundle(
+        every_type, stack=StackOptions("labels"), vllm_args=explicit_args(every_type)
+    )
     tree = render_documents(objects) | fragment_documents(every_type)
     assert any(POLICY_CONFIGMAP in text for text in tree.values())
     assert any("kind: AlertmanagerConfig" in text for text in tree.values())

@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from infra.builders.meta import Manifest
+from infra.builders.stack_options import StackOptions
 from infra.builders.vllm_container import (
     DRAIN_MARKER,
     DRAIN_VOLUME,
@@ -20,7 +21,7 @@ from tests.infra.policies import explicit_args, policy_with, two_workloads
 
 
 def _bundle(policy: PoolPolicy, target: str = "labels") -> list[Manifest]:
-    return build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    return build_bundle(policy, stack=StackOptions(target), vllm_args=explicit_args(policy))  # type: ignore[arg-type]
 
 
 def _one(objs: list[Manifest], kind: str, name: str) -> Manifest:
@@ -209,7 +210,7 @@ def test_every_workload_gets_its_own_objects() -> None:
     assert per_kind["HorizontalPodAutoscaler"] == per_kind["PodDisruptionBudget"] == 2
     hpa = _one(objs, "HorizontalPodAutoscaler", "qwen-14b-flex")["spec"]
     assert hpa["metrics"][0]["external"]["target"]["averageValue"] == "2"
-    groups = build_groups(policy, target="labels", vllm_args=explicit_args(policy))
+    groups = build_groups(policy, stack=StackOptions("labels"), vllm_args=explicit_args(policy))
     assert [g.name for g in groups if g.component == "gpupool:flex:InferenceWorkload"] == [
         "llama-8b-flex",
         "qwen-14b-flex",
@@ -276,4 +277,4 @@ def test_rbac_is_least_privilege() -> None:
 def test_missing_vllm_args_is_an_error() -> None:
     policy = load_policy()
     with pytest.raises(MissingVllmArgs, match="llama-8b-flex"):
-        build_bundle(policy, target="labels", vllm_args={})
+        build_bundle(policy, stack=StackOptions("labels"), vllm_args={})

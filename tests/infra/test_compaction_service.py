@@ -12,6 +12,7 @@ import kubernetes_validate
 
 from infra.builders.compaction_sidecar import COMPACTION_TOKEN_DIR, compaction_sidecar
 from infra.builders.runtime_components import tuner_command, tuner_container, tuner_deployment
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from policy import PoolPolicy, parse_policy
 from tests.infra.policies import edited, explicit_args
@@ -26,7 +27,7 @@ def mixed() -> PoolPolicy:
 
 
 def services(policy: PoolPolicy) -> dict[str, dict[str, Any]]:
-    objs = build_bundle(policy, target="labels", vllm_args=explicit_args(policy))
+    objs = build_bundle(policy, stack=StackOptions("labels"), vllm_args=explicit_args(policy))
     return {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
 
 

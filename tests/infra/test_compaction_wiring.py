@@ -28,6 +28,7 @@ from infra.builders.compaction_sidecar import (
 from infra.builders.meta import Manifest
 from infra.builders.pod import NON_ROOT_UID
 from infra.builders.policy_config import policy_text
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from policy import PoolPolicy, load_policy, parse_policy
 from runtime.kvcache.in_vllm.plugin import ENABLE_ENV, SOCKET_ENV, TOKEN_FILE_ENV
@@ -50,7 +51,7 @@ RESTRICTED_VOLUMES = {
 
 
 def _bundle(policy: PoolPolicy) -> list[Manifest]:
-    return build_bundle(policy, target="labels", vllm_args=explicit_args(policy))
+    return build_bundle(policy, stack=StackOptions("labels"), vllm_args=explicit_args(policy))
 
 
 def _pod(objs: list[Manifest], name: str) -> Manifest:

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from infra.render import KUSTOMIZATION, render_documents
 from policy import parse_policy
@@ -165,7 +166,7 @@ def policies(draw: st.DrawFn) -> Any:
 def test_valid_policies_render_valid_objects(doc: Any) -> None:
     policy = parse_policy(doc)
     for target in ("labels", "karpenter"):
-        objects = build_bundle(policy, target=target, vllm_args=explicit_args(policy))
+        objects = build_bundle(policy, stack=StackOptions(target), vllm_args=explicit_args(policy))
         for obj in objects:
             if obj["apiVersion"] == "karpenter.sh/v1":
                 assert [e.message for e in VALIDATOR.iter_errors(obj)] == []

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from infra.builders.meta import Manifest
 from infra.builders.runtime_components import CLONE_SCRIPT, clone_container
 from infra.builders.serving_options import ServingOptions
+from infra.builders.stack_options import StackOptions
 from infra.builders.vllm_container import poststart_command, prestop_command, readiness_command
 from infra.bundle import build_bundle
 from infra.inputs import load_inputs
@@ -211,12 +212,12 @@ def _variants() -> Iterator[list[Manifest]]:
     ):
         policy = policy_with(edits)
         for target in ("labels", "karpenter"):
-            yield build_bundle(policy, target=target, vllm_args=inputs.vllm_args)
+            yield build_bundle(policy, stack=StackOptions(target), vllm_args=inputs.vllm_args)
     served = served_policy()
     for mode in ("inference-extension", "services"):
         options = ServingOptions(mode)
         yield build_bundle(
-            served, target="labels", vllm_args=explicit_args(served), serving=options
+            served, stack=StackOptions("labels", serving=options), vllm_args=explicit_args(served)
         )
 
 
@@ -308,7 +309,9 @@ def test_no_policy_value_becomes_an_option(field: str, value: str) -> None:
         _one_line_at(exc, field)
         return
     audit = AUDIT.read_text()
-    _check_processes(build_bundle(policy, target="labels", vllm_args=_real_args(policy)), audit)
+    _check_processes(
+        build_bundle(policy, stack=StackOptions("labels"), vllm_args=_real_args(policy)), audit
+    )
 
 
 def _real_args(policy: PoolPolicy) -> dict[str, list[str]]:

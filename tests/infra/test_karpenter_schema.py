@@ -20,6 +20,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from infra.builders.meta import Manifest
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from policy import DEFAULT_POLICY, PoolPolicy, load_policy
 from policy.providers import KUBERNETES_IO_ALLOWED
@@ -79,7 +80,7 @@ VALIDATOR = jsonschema.Draft7Validator(SCHEMA)
 
 
 def node_pools(policy: PoolPolicy) -> list[Manifest]:
-    objs = build_bundle(policy, target="karpenter", vllm_args=explicit_args(policy))
+    objs = build_bundle(policy, stack=StackOptions("karpenter"), vllm_args=explicit_args(policy))
     return [o for o in objs if o["apiVersion"] == "karpenter.sh/v1"]
 
 

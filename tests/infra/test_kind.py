@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from infra.inputs import load_inputs
 from infra.output import write_documents
@@ -61,7 +62,9 @@ def test_rendered_bundle_applies_server_side(tmp_path: Path) -> None:
     inputs = load_inputs(DEFAULT_POLICY)
     objects = [
         o
-        for o in build_bundle(inputs.policy, target="labels", vllm_args=inputs.vllm_args)
+        for o in build_bundle(
+            inputs.policy, stack=StackOptions("labels"), vllm_args=inputs.vllm_args
+        )
         # prometheus-operator's CRDs are not part of the bare kind cluster
         if not o["apiVersion"].startswith("monitoring.coreos.com/")
     ]

@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 
 from infra.builders.meta import Manifest
-from infra.builders.workload import HpaTolerance
+from infra.builders.stack_options import HpaTolerance, StackOptions
 from infra.bundle import build_bundle
 from policy import PoolPolicy, load_policy
 from tests.infra.policies import explicit_args, policy_with, two_workloads
@@ -18,7 +18,7 @@ CRD_GROUPS = ("karpenter.sh/", "monitoring.coreos.com/")  # checked by their own
 
 
 def built_in(policy: PoolPolicy, target: str) -> list[Manifest]:
-    objs = build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    objs = build_bundle(policy, stack=StackOptions(target), vllm_args=explicit_args(policy))  # type: ignore[arg-type]
     return [o for o in objs if not o["apiVersion"].startswith(CRD_GROUPS)]
 
 
@@ -55,7 +55,9 @@ def test_strict_validation_catches_a_misspelled_field(version: str) -> None:
 def _flex_hpas(hpa_tolerance: HpaTolerance) -> list[Manifest]:
     policy = load_policy()
     objs = build_bundle(
-        policy, target="labels", vllm_args=explicit_args(policy), hpa_tolerance=hpa_tolerance
+        policy,
+        stack=StackOptions("labels", hpa_tolerance=hpa_tolerance),
+        vllm_args=explicit_args(policy),
     )
     return [
         o

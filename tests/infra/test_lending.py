@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 
 from infra.builders.meta import Manifest
-from infra.builders.nodepools import TARGETS
+from infra.builders.stack_options import TARGETS, StackOptions
 from infra.builders.workload import KARPENTER_INITIALIZED
 from infra.bundle import build_bundle
 from policy import PoolPolicy
@@ -40,7 +40,7 @@ a NodePool leaves them undefined; any other key the NodePool must define."""
 
 
 def _objects(policy: PoolPolicy, target: str) -> list[Manifest]:
-    return build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    return build_bundle(policy, stack=StackOptions(target), vllm_args=explicit_args(policy))  # type: ignore[arg-type]
 
 
 def _one(objs: list[Manifest], kind: str, name: str) -> Manifest:

@@ -17,6 +17,7 @@ from ruamel.yaml import YAML
 
 from infra.builders.meta import Manifest
 from infra.builders.production import patched_pod_spec
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from infra.render import render_documents
 from policy import PoolPolicy
@@ -34,13 +35,13 @@ SOFT_TAINT = {"key": "example.com/maintenance", "effect": "PreferNoSchedule"}
 
 
 def _objects(policy: PoolPolicy, target: str, kind: str) -> list[Manifest]:
-    objs = build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    objs = build_bundle(policy, stack=StackOptions(target), vllm_args=explicit_args(policy))  # type: ignore[arg-type]
     return [o for o in objs if o["kind"] == kind]
 
 
 def _rendered(policy: PoolPolicy, target: str, kind: str) -> list[Manifest]:
     """The objects of ``kind`` as a GitOps tool reads them: parsed back from rendered YAML."""
-    objs = build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    objs = build_bundle(policy, stack=StackOptions(target), vllm_args=explicit_args(policy))  # type: ignore[arg-type]
     docs = [YAML(typ="safe").load(text) for text in render_documents(objs).values()]
     return [d for d in docs if isinstance(d, dict) and d.get("kind") == kind]
 

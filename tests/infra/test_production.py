@@ -25,7 +25,7 @@ import yaml
 from typer.testing import CliRunner
 
 from infra.builders.meta import Manifest
-from infra.builders.nodepools import TARGETS, node_pools
+from infra.builders.nodepools import node_pools
 from infra.builders.production import (
     GPU_TOLERATION,
     GPU_UTILIZATION_METRIC,
@@ -39,6 +39,7 @@ from infra.builders.production import (
     production_adapter_rules,
     production_autoscalers,
 )
+from infra.builders.stack_options import TARGETS, StackOptions
 from infra.bundle import PRODUCTION, build_bundle, build_groups
 from infra.inputs import load_inputs
 from infra.production_patch import (
@@ -295,7 +296,7 @@ def test_tolerations_cover_every_pool_taint_as_rendered(policy: PoolPolicy, targ
 def test_the_flex_pods_tolerations_are_covered_by_productions() -> None:
     """Production may go wherever flex pods go: each flex toleration's taint is tolerated."""
     policy = load_policy()
-    objs = build_bundle(policy, target="labels", vllm_args=explicit_args(policy))
+    objs = build_bundle(policy, stack=StackOptions("labels"), vllm_args=explicit_args(policy))
     flex = next(
         o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "llama-8b-flex"
     )
@@ -872,7 +873,7 @@ def test_adapter_rule_serves_the_hpa_metric() -> None:
 
 def test_bundle_groups_the_hpas_only_when_there_are_some() -> None:
     def production_groups(policy: PoolPolicy) -> list[Any]:
-        groups = build_groups(policy, target="labels", vllm_args=explicit_args(policy))
+        groups = build_groups(policy, stack=StackOptions("labels"), vllm_args=explicit_args(policy))
         return [g for g in groups if g.component == PRODUCTION]
 
     (group,) = production_groups(policy_of(LLAMA, RANKERS, EMBED))

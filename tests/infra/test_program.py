@@ -62,6 +62,7 @@ RECORDER = Recorder()
 pulumi.runtime.set_mocks(RECORDER, preview=False, monitor=RecordingMonitor(RECORDER))
 
 from infra.builders.meta import RETAINED_KINDS, Manifest  # noqa: E402 (after set_mocks)
+from infra.builders.stack_options import StackOptions  # noqa: E402
 from infra.bundle import (  # noqa: E402
     INFERENCE_WORKLOAD,
     DuplicateObject,
@@ -139,7 +140,7 @@ def rendered_objects(objects: list[Manifest]) -> list[Manifest]:
 
 
 def check_registered_equals_bundle(policy: PoolPolicy, target: str) -> None:
-    objects = build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    objects = build_bundle(policy, stack=StackOptions(target), vllm_args=explicit_args(policy))  # type: ignore[arg-type]
     registered = kubernetes_registrations()
     rendered = Counter(identity(token(o), o) for o in rendered_objects(objects))
     registrations = Counter(
@@ -172,7 +173,7 @@ def check_registered_equals_bundle(policy: PoolPolicy, target: str) -> None:
 
 
 def _declare(policy: PoolPolicy, target: str) -> pulumi.Output[list[str]]:
-    groups = build_groups(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    groups = build_groups(policy, stack=StackOptions(target), vllm_args=explicit_args(policy))  # type: ignore[arg-type]
     components = declare_groups(groups)
     urns = [r.urn for c in components for r in c.resources.values()]
     return pulumi.Output.all(*urns)
@@ -229,13 +230,13 @@ def test_builders_cannot_produce_a_duplicate() -> None:
     )
     unchecked = policy.model_copy(update={"workloads": [policy.workloads[0], clash]})
     with pytest.raises(DuplicateObject, match="Service gpupool-flex/llama-8b-flex-kv-compaction"):
-        build_bundle(unchecked, target="labels", vllm_args=explicit_args(unchecked))
+        build_bundle(unchecked, stack=StackOptions("labels"), vllm_args=explicit_args(unchecked))
 
 
 @pulumi_test
 def test_workloads_are_components_with_named_children() -> pulumi.Output[None]:
     policy = two_workloads()
-    groups = build_groups(policy, target="labels", vllm_args=explicit_args(policy))
+    groups = build_groups(policy, stack=StackOptions("labels"), vllm_args=explicit_args(policy))
     components = declare_groups(groups)
     workloads = {
         c.group_name: c for c in components if c.group_name in {"llama-8b-flex", "qwen-14b-flex"}
@@ -346,15 +347,16 @@ class FakeConfig:
 def test_settings_resolve_the_policy_against_the_project_root() -> None:
     settings = read_settings(FakeConfig({"policy": "policy/pool.yaml", "target": "karpenter"}))  # type: ignore[arg-type]
     assert settings.policy_path == PROJECT_ROOT / "policy/pool.yaml"
-    assert settings.target == "karpenter"
+    assert settings.options.target == "karpenter"
     assert (PROJECT_ROOT / "Pulumi.yaml").is_file()
     defaults = read_settings(FakeConfig({}))  # type: ignore[arg-type]
-    assert (defaults.target, defaults.policy_path.name) == ("labels", "pool.yaml")
+    assert (defaults.options.target, defaults.policy_path.name) == ("labels", "pool.yaml")
     with pytest.raises(pulumi.RunError, match="gpupool:target must be one of"):
         read_settings(FakeConfig({"target": "gke"}))  # type: ignore[arg-type]
-    assert defaults.hpa_tolerance == "cluster"
+    assert defaults.options == StackOptions()
+    assert defaults.options.hpa_tolerance == "cluster"
     tolerant = read_settings(FakeConfig({"hpaTolerance": "behavior"}))  # type: ignore[arg-type]
-    assert tolerant.hpa_tolerance == "behavior"
+    assert tolerant.options.hpa_tolerance == "behavior"
     with pytest.raises(pulumi.RunError, match="gpupool:hpaTolerance must be one of"):
         read_settings(FakeConfig({"hpaTolerance": "0.05"}))  # type: ignore[arg-type]
 
@@ -393,7 +395,7 @@ def test_a_bad_policy_stops_the_program_with_located_problems(tmp_path: Path) ->
         PROJECT_ROOT.joinpath("policy/pool.yaml").read_text().replace("value: -1", "value: 5")
     )
     with pytest.raises(pulumi.RunError) as caught:
-        run(StackSettings(bad, "labels"))
+        run(StackSettings(bad, StackOptions("labels")))
     assert str(caught.value).startswith(f"{bad}:")
     assert "priorities.idle_inference.value" in str(caught.value)
     assert RECORDER.registered == []

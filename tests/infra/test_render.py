@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from infra.diff import diff_documents
 from infra.output import MANIFEST, write_documents
@@ -17,7 +18,7 @@ from tests.infra.policies import explicit_args, policy_with, two_workloads
 
 def render(policy: PoolPolicy, target: str = "labels") -> dict[str, str]:
     return render_documents(
-        build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+        build_bundle(policy, stack=StackOptions(target), vllm_args=explicit_args(policy))  # type: ignore[arg-type]
     )
 
 
@@ -37,7 +38,7 @@ def test_render_is_byte_for_byte_deterministic(tmp_path: Path) -> None:
 
 def test_each_document_parses_back_to_its_object() -> None:
     policy = load_policy()
-    objs = build_bundle(policy, target="karpenter", vllm_args=explicit_args(policy))
+    objs = build_bundle(policy, stack=StackOptions("karpenter"), vllm_args=explicit_args(policy))
     docs = render_documents(objs)
     loader = YAML(typ="safe")
     parsed = [loader.load(text) for name, text in docs.items() if name != KUSTOMIZATION]
@@ -56,7 +57,7 @@ def test_file_names_do_not_depend_on_position() -> None:
 
 def test_duplicate_objects_are_refused() -> None:
     policy = load_policy()
-    objs = build_bundle(policy, target="labels", vllm_args=explicit_args(policy))
+    objs = build_bundle(policy, stack=StackOptions("labels"), vllm_args=explicit_args(policy))
     with pytest.raises(DuplicateObject, match="namespace-gpupool-flex"):
         render_documents([*objs, objs[0]])
 

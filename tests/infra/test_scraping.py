@@ -7,13 +7,14 @@ import pytest
 
 from infra.builders.meta import Manifest
 from infra.builders.scraping import INSTANCE_META_LABEL
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from policy import PoolPolicy
 from tests.infra.policies import explicit_args, policy_with, two_workloads
 
 
 def _bundle(policy: PoolPolicy) -> list[Manifest]:
-    return build_bundle(policy, target="labels", vllm_args=explicit_args(policy))
+    return build_bundle(policy, stack=StackOptions("labels"), vllm_args=explicit_args(policy))
 
 
 def _pod_monitor(objs: list[Manifest]) -> Manifest:

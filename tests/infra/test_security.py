@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from infra.builders.meta import RETAIN_ANNOTATIONS, RETAINED_KINDS, Manifest
 from infra.builders.network import NAMESPACE_NAME_LABEL
 from infra.builders.runtime_components import token_secrets, tuner_command
+from infra.builders.stack_options import StackOptions
 from infra.builders.vllm_container import HF_TOKEN_DIR, MODEL_CACHE_PATH
 from infra.bundle import build_bundle
 from infra.render import render_documents
@@ -52,7 +53,7 @@ POLICIES: dict[str, Callable[[], PoolPolicy]] = {
 
 
 def _bundle(policy: PoolPolicy, target: str = "labels") -> list[Manifest]:
-    return build_bundle(policy, target=target, vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    return build_bundle(policy, stack=StackOptions(target), vllm_args=explicit_args(policy))  # type: ignore[arg-type]
 
 
 def _pods(objs: list[Manifest]) -> dict[str, Manifest]:

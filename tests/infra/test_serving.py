@@ -23,6 +23,7 @@ from infra.builders.serving_options import (
     ServingOptions,
 )
 from infra.builders.serving_pools import MODEL_LABEL, ServingProblem
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from policy import PoolPolicy, load_policy, parse_policy
 from policy.serving import ENGINE_METRICS
@@ -51,7 +52,9 @@ def _bundle(
     policy: PoolPolicy, mode: str = "inference-extension", api: str = OBJECTIVE_APIS[1]
 ) -> list[Manifest]:
     options = ServingOptions(mode, api)  # type: ignore[arg-type]
-    return build_bundle(policy, target="labels", vllm_args=explicit_args(policy), serving=options)
+    return build_bundle(
+        policy, stack=StackOptions("labels", serving=options), vllm_args=explicit_args(policy)
+    )
 
 
 def _one(objs: list[Manifest], kind: str, name: str) -> Manifest:
@@ -82,8 +85,10 @@ def test_off_renders_what_gpupool_rendered_before() -> None:
     policy ConfigMap aside, which restates the policy)."""
     with_serving = load_policy()
     without = with_serving.model_copy(update={"serving": None})
-    a = build_bundle(with_serving, target="labels", vllm_args=explicit_args(with_serving))
-    b = build_bundle(without, target="labels", vllm_args=explicit_args(without))
+    a = build_bundle(
+        with_serving, stack=StackOptions("labels"), vllm_args=explicit_args(with_serving)
+    )
+    b = build_bundle(without, stack=StackOptions("labels"), vllm_args=explicit_args(without))
     assert [o for o in a if o["kind"] != "ConfigMap"] == [o for o in b if o["kind"] != "ConfigMap"]
     assert [o["metadata"]["name"] for o in a] == [o["metadata"]["name"] for o in b]
 

@@ -12,6 +12,7 @@ import pulumi
 import pytest
 
 from infra.builders.serving_options import OBJECTIVE_APIS, ObjectiveApi, ServingOptions
+from infra.builders.stack_options import StackOptions
 from infra.bundle import SERVING, build_bundle, build_groups
 from infra.program import PROJECT_ROOT, declare_groups, read_settings
 from policy import load_policy
@@ -43,9 +44,9 @@ def test_program_registers_exactly_the_rendered_serving_objects(
     options = ServingOptions(mode, api)  # type: ignore[arg-type]
     args = explicit_args(policy)
     components = declare_groups(
-        build_groups(policy, target="labels", vllm_args=args, serving=options)
+        build_groups(policy, stack=StackOptions("labels", serving=options), vllm_args=args)
     )
-    objects = build_bundle(policy, target="labels", vllm_args=args, serving=options)
+    objects = build_bundle(policy, stack=StackOptions("labels", serving=options), vllm_args=args)
 
     def check(_: Any) -> None:
         registered = Counter(identity(t, i) for t, _, i in _kubernetes())
@@ -116,11 +117,11 @@ def test_main_program_reads_the_serving_options() -> pulumi.Output[None]:
 
 def test_settings_default_to_off_and_refuse_unknown_values() -> None:
     defaults = read_settings(FakeConfig({}))  # type: ignore[arg-type]
-    assert defaults.serving == ServingOptions("off", "llm-d.ai/v1alpha2")
+    assert defaults.options.serving == ServingOptions("off", "llm-d.ai/v1alpha2")
     chosen = read_settings(
         FakeConfig({"serving": "services", "inferenceObjectiveApi": OBJECTIVE_APIS[0]})  # type: ignore[arg-type]
     )
-    assert chosen.serving == ServingOptions("services", OBJECTIVE_APIS[0])
+    assert chosen.options.serving == ServingOptions("services", OBJECTIVE_APIS[0])
     with pytest.raises(pulumi.RunError) as caught:
         read_settings(FakeConfig({"serving": "gie"}))  # type: ignore[arg-type]
     assert str(caught.value) == (

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from infra.builders.meta import Manifest
 from infra.builders.serving_options import OBJECTIVE_APIS, OBJECTIVE_HEADER, ServingOptions
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from policy import PoolPolicy, parse_policy
 from policy.loader import PolicyError
@@ -60,7 +61,9 @@ def _doc(classes: list[Class], flex_has_production: bool, with_70b: bool) -> Any
 
 def _objects(policy: PoolPolicy, mode: str, api: str) -> list[Manifest]:
     options = ServingOptions(mode, api)  # type: ignore[arg-type]
-    return build_bundle(policy, target="labels", vllm_args=explicit_args(policy), serving=options)
+    return build_bundle(
+        policy, stack=StackOptions("labels", serving=options), vllm_args=explicit_args(policy)
+    )
 
 
 def _flex_pod_templates(objs: list[Manifest], flex_namespace: str) -> list[dict[str, str]]:

@@ -22,6 +22,7 @@ from ruamel.yaml.constructor import SafeConstructor
 
 from infra.builders.meta import Manifest
 from infra.builders.serving_options import OBJECTIVE_APIS, ObjectiveApi, ServingOptions
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from policy import PoolPolicy, parse_policy
 from tests.infra.policies import edited, explicit_args
@@ -153,7 +154,9 @@ def serving_objects(
 ) -> list[Manifest]:
     """The serving objects of ``policy``, by component label."""
     options = ServingOptions(mode, api)  # type: ignore[arg-type]
-    objs = build_bundle(policy, target="labels", vllm_args=explicit_args(policy), serving=options)
+    objs = build_bundle(
+        policy, stack=StackOptions("labels", serving=options), vllm_args=explicit_args(policy)
+    )
     return [
         o for o in objs if o["metadata"]["labels"].get("app.kubernetes.io/component") == "serving"
     ]

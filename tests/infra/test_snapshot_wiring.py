@@ -10,6 +10,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from policy import PoolPolicy
 from runtime.kvcache.in_vllm.plugin import ENABLE_ENV
@@ -20,7 +21,7 @@ PRESERVING = {"kv_cache.kv_preservation": "filesystem", "workloads.0.kv_compacti
 
 
 def objects(policy: PoolPolicy) -> list[dict[str, Any]]:
-    return build_bundle(policy, target="labels", vllm_args=explicit_args(policy))  # type: ignore[arg-type]
+    return build_bundle(policy, stack=StackOptions("labels"), vllm_args=explicit_args(policy))  # type: ignore[arg-type]
 
 
 def flex_pod(objs: list[dict[str, Any]], name: str) -> dict[str, Any]:

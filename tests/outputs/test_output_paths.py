@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from infra.builders.stack_options import StackOptions
 from policy import DEFAULT_POLICY, load_policy
 from runtime.atomic_file import STAGING
 from runtime.cli import whatif_commands
@@ -57,7 +58,9 @@ paths = st.builds(
 
 @pytest.fixture(scope="module")
 def replayed() -> Result:
-    options = Options(None, (), (), 1.0, 0.05, 0, "policy", False, "policy", 0.6, 300.0, "labels")
+    options = Options(
+        None, (), (), 1.0, 0.05, 0, "policy", False, "policy", 0.6, 300.0, StackOptions()
+    )
     return whatif_commands.replay(DEFAULT_POLICY, options, "a short replay")
 
 

@@ -17,6 +17,7 @@ from infra.builders.scraping import POOL_TARGET_LABEL
 from infra.builders.serving import RETRY_AFTER
 from infra.builders.serving_options import ServingOptions
 from infra.builders.serving_pools import pools
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from policy import PoolPolicy, parse_policy
 from tests.infra.policies import explicit_args
@@ -26,7 +27,9 @@ from tests.serving.pod import vllm_container
 
 def _bundle(policy: PoolPolicy, mode: str = "inference-extension") -> list[Manifest]:
     options = ServingOptions(mode)  # type: ignore[arg-type]
-    return build_bundle(policy, target="labels", vllm_args=explicit_args(policy), serving=options)
+    return build_bundle(
+        policy, stack=StackOptions("labels", serving=options), vllm_args=explicit_args(policy)
+    )
 
 
 def _serving_rules(policy: PoolPolicy) -> list[Rule]:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from infra.builders.workload import HpaTolerance
+from infra.builders.stack_options import HpaTolerance, StackOptions
 from policy import PoolPolicy, load_policy, parse_policy
 from runtime.sim.cluster import Cluster
 from runtime.sim.cluster_objects import Node, Phase
@@ -72,7 +72,10 @@ def _run(
     """Both replays; production is one-GPU pods on the duty rule unless ``rule`` says."""
     flex = [FlexInput(policy.workloads[0], requests, 100_000, Latencies(), backlog_window=2048)]
     settings = Settings(
-        hours=hours, flex_startup_s=60, hpa_tolerance=hpa_tolerance, production=rule
+        hours=hours,
+        flex_startup_s=60,
+        stack=StackOptions(hpa_tolerance=hpa_tolerance),
+        production=rule,
     )
     layout = Layout.of_policy(policy)
     pooled = replay_pooled(policy, layout, trace, flex, settings)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from infra.builders.stack_options import StackOptions
 from infra.diff import diff_documents
 from infra.pipeline import render_policy_file
 from policy import DEFAULT_POLICY, PolicyError, load_policy
@@ -183,8 +184,8 @@ def test_manifest_diff_renders_with_the_model_configs_committed_at_the_base(
     (expected_root / "before.yaml").write_text(base_text)
     (expected_root / "after.yaml").write_text(new_text)
     expected = diff_documents(
-        render_policy_file(expected_root / "before.yaml", target="labels"),
-        render_policy_file(expected_root / "after.yaml", target="labels"),
+        render_policy_file(expected_root / "before.yaml", stack=StackOptions("labels")),
+        render_policy_file(expected_root / "after.yaml", stack=StackOptions("labels")),
     )
     for model in (policy_repo / "policy" / "models").iterdir():
         model.write_text("not json")  # the work tree is never read

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.builders.stack_options import StackOptions
 from infra.diff import diff_documents
 from infra.pipeline import render_policy_file
 from policy import DEFAULT_POLICY, load_policy
@@ -129,8 +130,8 @@ def test_every_lever_changes_cluster_behaviour(lever: Lever, tmp_path: Path) -> 
     assert {c.lever for c in changes} == {lever.name}
     new_text, _ = edit_scalars(text, changes)
     (tmp_path / "after.yaml").write_text(new_text)
-    before = render_policy_file(tmp_path / "before.yaml", target="labels")
-    after = render_policy_file(tmp_path / "after.yaml", target="labels")
+    before = render_policy_file(tmp_path / "before.yaml", stack=StackOptions("labels"))
+    after = render_policy_file(tmp_path / "after.yaml", stack=StackOptions("labels"))
     touched = behaviour_changes(before, after)
     assert touched, (
         f"{lever.name} ({lever.field}) changes no rule, HPA or Deployment:\n"
@@ -153,7 +154,7 @@ def test_the_policy_copy_alone_is_not_a_behaviour_change(tmp_path: Path) -> None
     edited = SHIPPED.replace("compaction_max_moves: 4096", "compaction_max_moves: 4000")
     assert edited != SHIPPED
     (tmp_path / "after.yaml").write_text(edited)
-    before = render_policy_file(tmp_path / "before.yaml", target="labels")
-    after = render_policy_file(tmp_path / "after.yaml", target="labels")
+    before = render_policy_file(tmp_path / "before.yaml", stack=StackOptions("labels"))
+    after = render_policy_file(tmp_path / "after.yaml", stack=StackOptions("labels"))
     assert diff_documents(before, after)  # the ConfigMap copy changed...
     assert behaviour_changes(before, after) == []  # ...and nothing the cluster acts on

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from infra.builders.stack_options import StackOptions
 from infra.bundle import build_bundle
 from infra.inputs import load_inputs
 from policy import DEFAULT_POLICY
@@ -18,7 +19,7 @@ from tests.harness.tiny_engine import TINY_POLICY
 @pytest.mark.parametrize("policy_file", [DEFAULT_POLICY, TINY_POLICY], ids=["default", "tiny"])
 def test_deployment_args_equal_vllm_args(policy_file: Path) -> None:
     inputs = load_inputs(policy_file)
-    bundle = build_bundle(inputs.policy, target="labels", vllm_args=inputs.vllm_args)
+    bundle = build_bundle(inputs.policy, stack=StackOptions("labels"), vllm_args=inputs.vllm_args)
     names = {w.name for w in inputs.policy.workloads}
     deployments = {
         o["metadata"]["name"]: o
