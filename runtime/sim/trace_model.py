@@ -12,8 +12,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 MAX_REPLAY_REQUESTS: Final = 10_000_000
-"""Most requests one trace may put into a replay once tiled to its horizon: the replay keeps
-a few hundred bytes a request (about 2 GiB at the cap; docs/design/limits.md)."""
+"""Most requests one trace may put into a replay once tiled to its horizon: the stream keeps
+about 150 bytes a request (about 1.5 GiB at the cap; docs/design/limits.md)."""
 
 FLEX_DTYPES: Final[dict[str, type[np.generic]]] = {
     "arrival_s": np.float64,
