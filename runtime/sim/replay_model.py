@@ -22,7 +22,7 @@ from runtime.sim.classes import (
 from runtime.sim.cluster_objects import Eviction, Waiting
 from runtime.sim.counts import TokenCounts
 from runtime.sim.production import ProductionRule
-from runtime.sim.request_stream import Requests, StepLatencies
+from runtime.sim.request_stream import Accepted, Requests, StepLatencies
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,9 @@ class FlexInput:
     """One flex workload's demand and the numbers its vLLM plan and service model give."""
 
     workload: FlexWorkload
-    requests: Requests
+    requests: Requests | Accepted
+    """Its stream, or the stream already split by its ``max_model_len`` (what the what-if
+    passes, so that only the requests it serves stay in memory)."""
     kv_tokens: int
     latencies: StepLatencies
     backlog_window: int = 0

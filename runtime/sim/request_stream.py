@@ -99,6 +99,34 @@ class Requests:
         return Requests(**{k: v[order] for k, v in cat.items()}, backlog=streams[0].backlog)
 
 
+@dataclass(frozen=True)
+class Accepted:
+    """A stream as vLLM's length limit splits it at arrival: the requests it serves and the
+    arrival times (and classes) of those longer than ``max_model_len``, which it rejects.
+    Split once where the stream is built, the whole stream need not outlive the split."""
+
+    requests: Requests
+    max_model_len: int
+    rejected_s: Array
+    rejected_class: NDArray[np.int64] | None
+    """Traffic class of each rejected request (None: the stream has no classes)."""
+
+    @classmethod
+    def split(cls, requests: Requests, max_model_len: int) -> Accepted:
+        fits = (requests.input_tokens + requests.output_tokens) <= max_model_len
+        if requests.backlog and not fits.any():
+            raise ValueError(
+                f"no backlog request fits max_model_len {max_model_len}: nothing could be served"
+            )
+        given = None if requests.backlog else requests.traffic_class
+        return cls(
+            requests.select(fits),
+            max_model_len,
+            requests.arrival_s[~fits] if not requests.backlog else np.empty(0),
+            None if given is None else given[~fits],
+        )
+
+
 @dataclass(kw_only=True)
 class StepResult(TokenCounts):
     """One step of a fleet: its counts and how busy it was."""

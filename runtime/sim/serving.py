@@ -37,7 +37,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from runtime.sim.request_stream import Admission, ClassCounts, Requests, StepLatencies, StepResult
+from runtime.sim.request_stream import (
+    Accepted,
+    Admission,
+    ClassCounts,
+    Requests,
+    StepLatencies,
+    StepResult,
+)
 from runtime.sim.stream_window import QueueWindow
 
 Array = NDArray[np.float64]
@@ -158,7 +165,7 @@ class Fleet:
     @classmethod
     def admit(
         cls,
-        requests: Requests,
+        requests: Requests | Accepted,
         *,
         max_model_len: int,
         latencies: StepLatencies,
@@ -168,22 +175,23 @@ class Fleet:
         backlog_window: int = 0,
         admission: Admission | None = None,
     ) -> Fleet:
-        fits = (requests.input_tokens + requests.output_tokens) <= max_model_len
-        if requests.backlog and not fits.any():
+        """The fleet of ``requests``, split by ``max_model_len`` here unless already split."""
+        if isinstance(requests, Requests):
+            requests = Accepted.split(requests, max_model_len)
+        elif requests.max_model_len != max_model_len:
             raise ValueError(
-                f"no backlog request fits max_model_len {max_model_len}: nothing could be served"
+                f"requests split at max_model_len {requests.max_model_len}, not {max_model_len}"
             )
-        rejected = requests.backlog or requests.traffic_class is None
         return cls(
-            requests.select(fits),
-            requests.arrival_s[~fits] if not requests.backlog else np.empty(0),
+            requests.requests,
+            requests.rejected_s,
             latencies,
             kv_tokens,
             max_num_seqs,
             preservation,
             backlog_window,
             admission,
-            None if rejected else requests.traffic_class[~fits],  # type: ignore[index]
+            requests.rejected_class,
         )
 
     def arrived(self, until: float) -> int:

@@ -24,7 +24,7 @@ from runtime.sim.goals import Goal, goals
 from runtime.sim.production import ProductionGroup, describe, need_gpus, production_groups
 from runtime.sim.replay_model import FlexInput, Layout, Progress, Replay, Settings
 from runtime.sim.report import Summary, summarize
-from runtime.sim.request_stream import Requests
+from runtime.sim.request_stream import Accepted, Requests
 from runtime.sim.service_time import ServiceModel, service_model
 from runtime.sim.traces import FlexTrace, ProductionTrace
 from runtime.sim.tuning import TunerConfig, TunerLoop, TunerRun
@@ -227,7 +227,8 @@ def _inputs(policy: PoolPolicy, policy_dir: Path, whatif: WhatIf) -> _Inputs:
                     )
                 )
         window = layout.max_replicas[w.name] * w.max_num_seqs * 2 if demand.backlog else 0
-        flex.append(FlexInput(w, requests, plan.max_concurrent_tokens, model, window))
+        accepted = Accepted.split(requests, w.max_model_len)
+        flex.append(FlexInput(w, accepted, plan.max_concurrent_tokens, model, window))
     classes = _class_plan(policy, flex_pools, production)
     return _Inputs(layout, trace, flex, classes, services, models, groups)
 

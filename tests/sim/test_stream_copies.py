@@ -4,10 +4,12 @@ order, a fleet whose requests all fit, a trace replayed once (its memory is per 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.sim.request_stream import Requests
+from runtime.sim.request_stream import Accepted, Requests
+from runtime.sim.serving import Fleet
 from runtime.sim.trace_model import FlexTrace
 
 
@@ -82,3 +84,42 @@ def test_a_trace_tiled_at_its_kept_length_is_whole_copies_cut_at_the_horizon(
     np.testing.assert_array_equal(tiled.input_tokens, np.tile(trace.input_tokens, copies)[:keep])
     if copies > 1:  # one copy is a view of the trace; more are built at the kept length
         assert tiled.arrival_s.base is None or tiled.arrival_s.base.size == keep
+
+
+def test_a_stream_split_once_serves_as_the_stream_split_by_the_fleet() -> None:
+    """The what-if splits a stream by ``max_model_len`` where it builds it (so the whole
+    stream need not outlive the split); the fleet serves the split as it serves the stream,
+    and refuses one split at another length."""
+
+    class Latencies:
+        def prefill_s(self, tokens: object) -> np.ndarray:
+            return np.asarray(tokens, dtype=np.float64) * 1e-4
+
+        def decode_step_s(self, batch: object, context: object) -> np.ndarray:
+            return np.asarray(0.01 + 0.0 * np.asarray(batch, dtype=np.float64))
+
+    n = 2_000
+    stream = Requests(
+        np.arange(n) * 0.1,
+        np.arange(n, dtype=np.int64) % 300 + 1,
+        np.full(n, 20, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
+        np.full(n, np.nan),
+        np.zeros(n, dtype=bool),
+    )
+    knobs = {
+        "max_model_len": 250,
+        "latencies": Latencies(),
+        "kv_tokens": 10**5,
+        "max_num_seqs": 16,
+        "preservation": False,
+    }
+    split = Accepted.split(stream, 250)
+    assert len(split.requests) + split.rejected_s.size == n and split.rejected_s.size > 0
+    fleets = [Fleet.admit(stream, **knobs), Fleet.admit(split, **knobs)]  # type: ignore[arg-type]
+    for step in range(25):
+        a, b = (f.serve(step * 10.0, 10.0, 1.0) for f in fleets)
+        assert (a.completed, a.output_tokens, a.busy) == (b.completed, b.output_tokens, b.busy)
+    assert fleets[0].rejected(250.0) == fleets[1].rejected(250.0) > 0
+    with pytest.raises(ValueError, match="split at max_model_len 250, not 300"):
+        Fleet.admit(split, **{**knobs, "max_model_len": 300})  # type: ignore[arg-type]
