@@ -61,6 +61,25 @@ class Sweep:
 
 
 @dataclass(frozen=True)
+class Replayed:
+    """A variant that replayed: its pooled summary, and the fixed topology's for the baseline."""
+
+    pooled: Summary
+    fixed: Summary | None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A variant whose replay raised: the exception's type and message."""
+
+    why: str
+
+
+Outcome = Replayed | Failed
+"""What a worker sends back for one variant (module level: it crosses process boundaries)."""
+
+
+@dataclass(frozen=True)
 class _Task:
     index: int
     document: dict[str, Any]
@@ -144,7 +163,7 @@ def run_sweep(
         for i, doc in enumerate(checked)
         if not isinstance(doc, Point)
     ]
-    done: dict[int, tuple[Summary, Summary | None] | str] = {}
+    done: dict[int, Outcome] = {}
     with _pool(jobs, ray_address) as pool:
         results = pool.imap_unordered(_replay, tasks)
         for _ in tasks:
@@ -157,8 +176,8 @@ def run_sweep(
             if progress is not None:
                 progress(len(done), len(tasks))
     baseline = done.get(0)
-    if not isinstance(baseline, tuple) or baseline[1] is None:
-        why = baseline if isinstance(baseline, str) else f"did not finish in {budget_s:g} s"
+    if not isinstance(baseline, Replayed) or baseline.fixed is None:
+        why = baseline.why if isinstance(baseline, Failed) else f"did not finish in {budget_s:g} s"
         raise SweepError(
             f"the current policy's replay, the baseline of the sweep, {why}; "
             + ("raise --budget-s" if baseline is None else "fix the inputs")
@@ -168,30 +187,29 @@ def run_sweep(
         for i, entry in enumerate(checked)
     ]
     backend = "processes" if ray_address is None else f"ray {ray_address}"
-    return Sweep(tuple(points), baseline[1], time.monotonic() - start, jobs, backend)
+    return Sweep(tuple(points), baseline.fixed, time.monotonic() - start, jobs, backend)
 
 
-def _point(
-    variant: Variant, outcome: tuple[Summary, Summary | None] | str | None, budget_s: float
-) -> Point:
+def _point(variant: Variant, outcome: Outcome | None, budget_s: float) -> Point:
+    """The variant's point from its outcome; ``None``: the budget did not reach it."""
     if outcome is None:
         return Point(variant, problem=f"not reached in the {budget_s:g} s budget")
-    if isinstance(outcome, str):
-        return Point(variant, problem=f"replay failed: {outcome}")
-    return Point(variant, outcome[0])
+    if isinstance(outcome, Failed):
+        return Point(variant, problem=f"replay failed: {outcome.why}")
+    return Point(variant, outcome.pooled)
 
 
-def _replay(task: _Task) -> tuple[int, tuple[Summary, Summary | None] | str]:
-    """One variant in a worker process: (index, (pooled, fixed or None)) or (index, why)."""
+def _replay(task: _Task) -> tuple[int, Outcome]:
+    """One variant in a worker process: its index and how its replay went."""
     try:
         policy = parse_policy(task.document, "<variant>")
         whatif = build_whatif(task.options, policy)
         if task.baseline:
             result = run(policy, task.policy_dir, whatif)
-            return task.index, (result.pooled, result.fixed)
-        return task.index, (run_pooled(policy, task.policy_dir, whatif), None)
+            return task.index, Replayed(result.pooled, result.fixed)
+        return task.index, Replayed(run_pooled(policy, task.policy_dir, whatif), None)
     except Exception as exc:  # a worker reports every failure as data, never dies
-        return task.index, f"{type(exc).__name__}: {exc}"
+        return task.index, Failed(f"{type(exc).__name__}: {exc}")
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from infra.builders.compaction_sidecar import SOCKET_PATH, TOKEN_PATH
 from policy import load_policy
 from policy.base import duration_seconds
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.logs import configure_logging
 from runtime.cli.options import host_port
 from runtime.cli.policy_commands import ExampleOption, policy_file
 from runtime.kvcache.control import ControlClient, ControlError, Op, read_token
@@ -149,9 +150,7 @@ def run(
     from runtime.kvcache.sidecar.policy_file import PolicyFile
     from runtime.kvcache.sidecar.service import CompactionSidecar, serve_http
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(logging.INFO)
     watched = PolicyFile(policy_file(policy, example=example))
     with reported_errors():
         loaded = watched.load()

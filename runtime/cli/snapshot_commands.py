@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.logs import configure_logging
 from runtime.cli.options import host_port
 from runtime.cli.policy_commands import ExampleOption, policy_file
 
@@ -71,9 +72,7 @@ def gc(
     from runtime.kvcache.preservation.status import POD_ENV
     from runtime.kvcache.sidecar.policy_file import PolicyFile
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(logging.INFO)
     watched = PolicyFile(policy_file(policy, example=example))
     with reported_errors():
         try:

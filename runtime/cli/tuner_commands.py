@@ -13,6 +13,7 @@ import typer
 
 from runtime.cli.consoles import err_console
 from runtime.cli.errors import UsageProblem, reported_errors
+from runtime.cli.logs import configure_logging
 from runtime.cli.secret_files import optional_secret, read_secret
 from runtime.cli.tuner_options import (
     AtOption,
@@ -87,10 +88,7 @@ def tune(
     """Propose policy changes from what Prometheus shows, as git branches with evidence."""
     from runtime.tuner.target import Target
 
-    logging.basicConfig(
-        level=logging.INFO if verbose or not once else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(logging.INFO if verbose or not once else logging.WARNING)
     with reported_errors():
         options = tune_options(
             settings_file=settings_file,
