@@ -50,6 +50,8 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy policy infra alerts runtime
+	# the benchmark scripts too: they call the product's APIs, and a changed signature must fail here
+	$(VENV)/bin/mypy --explicit-package-bases --follow-imports=silent bench/*.py
 
 test: servers $(VENV)/.test $(CHECKOV_VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)

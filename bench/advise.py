@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 from whatif import production, scaled  # bench/whatif.py (the script's folder is on sys.path)
 
+from infra.builders.stack_options import StackOptions
 from policy import DEFAULT_POLICY, load_policy
 from runtime.advise.levers import grid, parse_vary
 from runtime.advise.sweep import run_sweep
@@ -41,18 +42,18 @@ def _inputs(root: Path, gpus: int, hours: float) -> tuple[Path, Options]:
     ]
     (root / "production.csv").write_text(demand_csv(samples, source="bench"))
     options = Options(
-        str(root / "production.csv"),
-        (),
-        ("azure-code",),
-        1.0,
-        hours,
-        0,
-        "policy",
-        False,
-        "held",
-        0.6,
-        300.0,
-        "labels",
+        prod_trace=str(root / "production.csv"),
+        flex_traces=(),
+        backlogs=("azure-code",),
+        rate_scale=1.0,
+        hours=hours,
+        seed=0,
+        layout="policy",
+        fit_production=False,
+        production_rule="held",
+        prod_target_utilization=0.6,
+        startup_s=300.0,
+        stack=StackOptions(target="labels"),
     )
     return root / "pool.yaml", options
 

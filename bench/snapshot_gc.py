@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     options = parser.parse_args()
     print(f"# load {os.getloadavg()[0]:.2f} at start", flush=True)
-    results = []
+    results: list[dict[str, Any]] = []
     for files in (int(n) for n in options.files.split(",")):
         with tempfile.TemporaryDirectory(prefix="gpupool-gc-bench-") as work:
             root = Path(work)
@@ -90,7 +91,7 @@ def main() -> None:
             t0 = time.perf_counter()
             _, applied = gc.run_once(tenth)
             delete_s = time.perf_counter() - t0
-            row = {
+            row: dict[str, Any] = {
                 "files": files,
                 "build_s": round(built_s, 1),
                 "walk_s": round(statistics.median(walks), 3),

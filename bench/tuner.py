@@ -5,11 +5,14 @@
 Backfills 30 minutes of per-GPU dcgm-exporter series (``DCGM_FI_DEV_GPU_UTIL`` and
 ``DCGM_FI_DEV_FB_USED``, one series per GPU) plus the recorded ``gpupool:*`` series the
 tuner reads (per workload or instance where the catalogue records so, evictions per
-reason), starts a real Prometheus on it, and times, in the same run:
+reason), starts a real Prometheus on it, and times, in the same run (the packaged policy
+with its flex workload capped at 8 replicas, so the idle-demand lever has a ceiling to
+raise):
 
 - baseline: one instant query of one recorded series;
 - the tuner's cycle (``run_cycle`` in dry-run: git read, one range-selector query per
-  series, decisions, YAML edit and PR text), and one committing cycle;
+  series, decisions, YAML edit and PR text with its manifest diff and the what-if of both
+  policies), and one committing cycle;
 - reference: the cluster-utilization window computed from the raw per-GPU series with the
   catalogue's standalone query (what one window costs without recording rules).
 """
@@ -32,7 +35,7 @@ from policy import load_policy
 from runtime.metrics import catalogue
 from runtime.metrics.evictions import PRECEDENCE
 from runtime.tuner.cycle import CycleReport, run_cycle
-from runtime.tuner.manifests import PolicyChange, manifest_diff
+from runtime.tuner.manifests import PolicyChange, manifest_diff, whatif_comparison
 from runtime.tuner.prometheus import connect
 from runtime.tuner.selfmetrics import TunerMetrics
 from runtime.tuner.settings import TunerSettings
@@ -108,7 +111,11 @@ def median_s(action: Callable[[], object], repeats: int) -> float:
 def git_repo(root: Path) -> Path:
     repo = root / "repo"
     (repo / "policy").mkdir(parents=True)
-    shutil.copy(REPO / "policy" / "pool.yaml", repo / "policy" / "pool.yaml")
+    # a numeric ceiling: the idle-demand lever raises a number and leaves ``auto`` alone
+    text = (REPO / "policy" / "pool.yaml").read_text()
+    capped = text.replace("    max_replicas: auto ", "    max_replicas: 8    ", 1)
+    assert capped != text, "the packaged policy's flex workload no longer says max_replicas: auto"
+    (repo / "policy" / "pool.yaml").write_text(capped)
     shutil.copytree(REPO / "policy" / "models", repo / "policy" / "models")
     for args in (
         ["init", "-q"],
@@ -197,11 +204,12 @@ def main() -> None:
                 capture_output=True,
                 text=True,
             ).stdout.strip()
+            change = PolicyChange(repo, head, "policy/pool.yaml", policy, base_text, new_text)
             rendering = median_s(
-                lambda: manifest_diff(
-                    PolicyChange(repo, head, "policy/pool.yaml", policy, base_text, new_text),
-                    target="labels",
-                ),
+                lambda: manifest_diff(change, target="labels"), max(3, args.repeats // 4)
+            )
+            comparing = median_s(
+                lambda: whatif_comparison(change, hours=settings.whatif_hours),
                 max(3, args.repeats // 4),
             )
             raw_expr = catalogue.build_catalogue(load_policy(REPO / "policy" / "pool.yaml")).query(
@@ -227,6 +235,7 @@ def main() -> None:
     row("tuner cycle, dry run (git read, queries, decide, PR text)", dry)
     row(f"  of which the {queries:.0f} Prometheus queries (mean)", per_cycle)
     row("  of which the rendered-manifest diff (two renders)", rendering)
+    row(f"  of which the what-if of both policies ({settings.whatif_hours:g} h each)", comparing)
     row("tuner cycle committing a proposal branch (one run)", committing)
     row("reference: utilization window from raw per-GPU series", raw)
 

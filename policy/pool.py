@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pydantic import Field, model_validator
 
 from policy.alerting import Alerting
@@ -130,6 +132,17 @@ class PoolPolicy(StrictModel):
         """Every pool ``workload``'s replicas may run on, preferred first: its flex pool,
         then each pool that lends. Renderers, the budget and the what-if all read this."""
         return [self.pool_of(workload), *self.lending_pools]
+
+    def sharing(self) -> dict[str, int]:
+        """Per flex workload, the workloads (itself included) whose pools overlap its own:
+        the budget splits a pool's room over them. With lending every workload shares the
+        lending pools. Counted per distinct set of pools, so linear in the workloads."""
+        pools = {w.name: frozenset(p.name for p in self.pools_for(w)) for w in self.workloads}
+        per_set = Counter(pools.values())
+        return {
+            name: sum(n for other, n in per_set.items() if mine & other)
+            for name, mine in pools.items()
+        }
 
     def replica_capacity(self, workload: FlexWorkload) -> int:
         """Replicas of ``workload`` its pools hold when full: whole replicas per node, every

@@ -246,7 +246,7 @@ def budget(policy: PoolPolicy, workload: FlexWorkload, view: Exports) -> float |
         return None
     g = workload.gpus_per_replica
     elastic = policy.elastic
-    sharing = sharing_workloads(policy, workload)
+    sharing = policy.sharing()[workload.name]
     step = (math.floor(replicas * HPA_TOLERANCE) + 1) * g
     prod = production_utilization(policy, view)
     change: float
@@ -264,9 +264,3 @@ def budget(policy: PoolPolicy, workload: FlexWorkload, view: Exports) -> float |
     else:
         change = 0
     return float(max(held(policy, workload, view) + change, 0))
-
-
-def sharing_workloads(policy: PoolPolicy, workload: FlexWorkload) -> int:
-    """``BudgetChain.sharing``: workloads whose pools overlap ``workload``'s."""
-    mine = _names(policy.pools_for(workload))
-    return sum(1 for w in policy.workloads if mine & _names(policy.pools_for(w)))

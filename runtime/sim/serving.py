@@ -17,14 +17,8 @@ keeps it on the snapshot volume). Requests longer than ``max_model_len`` are rej
 vLLM and counted as dropped. Nothing else is dropped: conservation is
 ``arrived == completed + outstanding + dropped``.
 
-What the snapshot tier buys is counted in the same replay: every served request's hits are
-tallied both with the tier (the cache survives evictions) and without it (the lost share
-goes), and the policy's mode decides which of the two the replay serves with. A second replay
-with the flag flipped would not answer the question: its extra (or missing) prefill time
-moves the closed loop (duty, budget, HPA), so its evictions fall elsewhere and no eviction of
-one run has a counterpart in the other. The tally is exact for the served schedule: the same
-requests, at the same times, with the same retention, under the other loss history; it does
-not follow the schedule change the other mode's prefill time would cause.
+Every served request's hits are tallied with and without the snapshot tier; the policy's
+mode picks which serves (docs/design/whatif.md, "The KV snapshot tier in one replay").
 
 Behind an endpoint picker a fleet also admits and sheds (``request_stream.Admission``).
 """

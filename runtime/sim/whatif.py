@@ -170,9 +170,8 @@ def run_pooled(policy: PoolPolicy, policy_dir: Path, whatif: WhatIf) -> Summary:
     return summarize(pooled, policy, reserve_gpus=_reserve_gpus(policy, inputs.layout))
 
 
-def _inputs(policy: PoolPolicy, policy_dir: Path, whatif: WhatIf) -> _Inputs:
-    """Check the demand against the policy, size the hardware, and build each workload's
-    requests, KV plan and service model (reads the model configs)."""
+def _check_demand(policy: PoolPolicy, whatif: WhatIf) -> None:
+    """Refuse a replay with nothing to replay or demand for workloads the policy lacks."""
     if not policy.workloads:
         raise WhatIfError("the policy declares no flex workloads: there is nothing to replay")
     unknown = sorted(set(whatif.demand) - {w.name for w in policy.workloads})
@@ -181,6 +180,12 @@ def _inputs(policy: PoolPolicy, policy_dir: Path, whatif: WhatIf) -> _Inputs:
             f"flex demand names unknown workloads {unknown}; "
             f"the policy has {[w.name for w in policy.workloads]}"
         )
+
+
+def _inputs(policy: PoolPolicy, policy_dir: Path, whatif: WhatIf) -> _Inputs:
+    """Check the demand against the policy, size the hardware, and build each workload's
+    requests, KV plan and service model (reads the model configs)."""
+    _check_demand(policy, whatif)
     settings = whatif.settings
     trace = whatif.production
     groups = production_groups(policy, settings.production)

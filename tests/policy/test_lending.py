@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from policy import PolicyError, PoolPolicy, load_policy
+from policy import PolicyError, PoolPolicy, load_policy, parse_policy
 from policy.effects import pool_warnings
 from tests.infra.policies import policy_with
 
@@ -127,3 +127,29 @@ def test_slots_up_to_what_production_floor_leaves_fit() -> None:
                 "node_pools.0.reserve": {"replicas": 15, "of": "inference/llama-70b-prod"},
             }
         )
+
+
+def _three_workloads_two_flex_pools(lend: bool) -> PoolPolicy:
+    document = load_policy().model_dump(mode="json", by_alias=True)
+    document["node_pools"][0]["lend_idle"] = lend
+    document["node_pools"].append({**document["node_pools"][1], "name": "gpu-flex-b", "nodes": []})
+    template = document["workloads"][0]
+    document["workloads"] = [
+        {**template, "name": name, "pool": pool}
+        for name, pool in (("a", "gpu-flex"), ("b", "gpu-flex"), ("c", "gpu-flex-b"))
+    ]
+    return parse_policy(document)
+
+
+@pytest.mark.parametrize(
+    ("lend", "expected"), [(True, {"a": 3, "b": 3, "c": 3}), (False, {"a": 2, "b": 2, "c": 1})]
+)
+def test_workloads_share_the_pools_they_overlap_on(lend: bool, expected: dict[str, int]) -> None:
+    """The budget splits a pool's room over the workloads that may use it: with lending the
+    lending pool joins every workload, without it only a flex pool's own workloads share."""
+    policy = _three_workloads_two_flex_pools(lend)
+    assert policy.sharing() == expected
+    for w in policy.workloads:  # the definition, counted directly
+        mine = {p.name for p in policy.pools_for(w)}
+        overlapping = [x for x in policy.workloads if mine & {p.name for p in policy.pools_for(x)}]
+        assert len(overlapping) == expected[w.name]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from policy.nodepools import NodePool
 from policy.pool import PoolPolicy
@@ -134,6 +135,7 @@ class BudgetChain(Selectors):
     def __init__(self, policy: PoolPolicy, *, inline: bool = False) -> None:
         super().__init__(policy)
         self.inline = inline
+        self._inlined: dict[str, str] = {}
 
     def schedulable_gpus(self, pools: list[NodePool]) -> str:
         """Allocatable GPUs of each node of ``pools`` that accepts new pods, with its pool."""
@@ -168,7 +170,9 @@ class BudgetChain(Selectors):
                 return record
             op = "=" if len(values) == 1 else "=~"
             return f'{record}{{{label}{op}"{"|".join(values)}"}}'
-        expr = f"({self.chain()[record]()})"
+        if record not in self._inlined:  # a term reads the same earlier term many times
+            self._inlined[record] = f"({self.chain()[record]()})"
+        expr = self._inlined[record]
         if not label:
             return expr
         keep = " or ".join(f'label_replace(vector(1), "{label}", "{v}", "", "")' for v in values)
@@ -321,10 +325,11 @@ class BudgetChain(Selectors):
     def sharing(self, workload: FlexWorkload) -> int:
         """Workloads that compete with ``workload`` for GPUs: those whose pools overlap its
         own (with lending, every workload shares the lending pools)."""
-        mine = {p.name for p in self.policy.pools_for(workload)}
-        return sum(
-            1 for w in self.policy.workloads if mine & {p.name for p in self.policy.pools_for(w)}
-        )
+        return self._sharing[workload.name]
+
+    @cached_property
+    def _sharing(self) -> dict[str, int]:
+        return self.policy.sharing()
 
     def budget_step(self) -> str:
         """Which of the budget's four steps every workload takes now (``step``; value 1), the
