@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -26,7 +27,7 @@ from infra.builders.stack_options import StackOptions
 from policy import DEFAULT_POLICY, load_policy
 from runtime.advise.levers import grid, parse_vary
 from runtime.advise.sweep import run_sweep
-from runtime.sim.options import Options, build_whatif
+from runtime.sim.options import DEMO, Options, build_whatif
 from runtime.sim.traces import demand_csv
 from runtime.sim.whatif import run_pooled
 
@@ -41,18 +42,11 @@ def _inputs(root: Path, gpus: int, hours: float) -> tuple[Path, Options]:
         for i, (h, b) in enumerate(zip(trace.held.tolist(), trace.busy.tolist(), strict=True))
     ]
     (root / "production.csv").write_text(demand_csv(samples, source="bench"))
-    options = Options(
+    options = replace(
+        DEMO,
         prod_trace=str(root / "production.csv"),
-        flex_traces=(),
-        backlogs=("azure-code",),
-        rate_scale=1.0,
         hours=hours,
-        seed=0,
-        layout="policy",
-        fit_production=False,
         production_rule="held",
-        prod_target_utilization=0.6,
-        startup_s=300.0,
         stack=StackOptions(target="labels"),
     )
     return root / "pool.yaml", options

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 from policy.nodepools import NodePool
 from policy.pool import PoolPolicy
@@ -136,6 +135,7 @@ class BudgetChain(Selectors):
         super().__init__(policy)
         self.inline = inline
         self._inlined: dict[str, str] = {}
+        self._sharing = policy.sharing()
 
     def schedulable_gpus(self, pools: list[NodePool]) -> str:
         """Allocatable GPUs of each node of ``pools`` that accepts new pods, with its pool."""
@@ -326,10 +326,6 @@ class BudgetChain(Selectors):
         """Workloads that compete with ``workload`` for GPUs: those whose pools overlap its
         own (with lending, every workload shares the lending pools)."""
         return self._sharing[workload.name]
-
-    @cached_property
-    def _sharing(self) -> dict[str, int]:
-        return self.policy.sharing()
 
     def budget_step(self) -> str:
         """Which of the budget's four steps every workload takes now (``step``; value 1), the
